@@ -1,0 +1,86 @@
+# remat build. `make` builds the library, the Lua module and the command;
+# `make test` runs the specs; `make run` trains the default model.
+CC      ?= gcc
+NVCC    ?= nvcc
+BUILD   := build
+PKGS    := lua5.4 openblas
+DEPS_APT := lua5.4 liblua5.4-dev lua-busted libopenblas-dev pkg-config zlib1g-dev \
+            dataset-fashion-mnist libreadline-dev gnuplot-nox valgrind
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes
+OPT     ?= -O2 -march=x86-64-v2
+SAN     ?=
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fPIC -fopenmp $(SAN) $(PKG_CFLAGS) -Icore
+LDLIBS  := $(PKG_LIBS) -lz -lm -ldl -fopenmp $(SAN)
+
+CORE_SRC   := $(wildcard core/*.c)
+KERNEL_SRC := $(wildcard kernels/cpu/*.c)
+LUA_C_SRC  := $(filter-out lua/main.c lua/repl.c,$(wildcard lua/*.c))
+LUA_LIB    := $(sort $(wildcard lua/remat/*.lua))
+
+LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(KERNEL_SRC) $(LUA_C_SRC)) \
+           $(BUILD)/obj/lua_embedded.o
+
+# CUDA: built when nvcc is found, or forced with CUDA=1 / CUDA=0.
+CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
+CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+CUDA_TARGET := $(if $(filter 1,$(CUDA)),$(if $(CUDA_SRC),$(BUILD)/libremat_cuda.so),)
+
+.PHONY: all deps test run check-mem clean examples bench
+all: $(BUILD)/libremat.a $(BUILD)/libremat.so $(BUILD)/remat.so $(BUILD)/remat $(CUDA_TARGET)
+
+$(BUILD)/obj/%.o: %.c $(wildcard core/*.h core/*.def kernels/cpu/*.h lua/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/lua_embedded.c: $(LUA_LIB) tools/embed.lua
+	@mkdir -p $(BUILD)
+	lua5.4 tools/embed.lua $(LUA_LIB) > $@
+
+$(BUILD)/obj/lua_embedded.o: $(BUILD)/lua_embedded.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libremat.a: $(LIB_OBJ)
+	ar rcs $@ $^
+
+$(BUILD)/libremat.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+# The Lua module: `require "remat"` finds luaopen_remat here.
+$(BUILD)/remat.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+$(BUILD)/remat: lua/main.c lua/repl.c $(LIB_OBJ)
+	$(CC) $(CFLAGS) -o $@ lua/main.c lua/repl.c $(LIB_OBJ) $(LDLIBS) -lreadline -Wl,-E
+
+$(BUILD)/libremat_cuda.so: $(CUDA_SRC) $(wildcard kernels/cuda/*.cuh core/*.h core/*.def)
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC -shared -Icore -o $@ $(CUDA_SRC) -lcublas -lcudart
+
+deps:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEPS_APT); \
+	else echo "run as root: apt-get install -y $(DEPS_APT)"; fi
+
+LUA_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/spec/?.lua;;" LUA_CPATH="$(CURDIR)/$(BUILD)/?.so;;"
+
+test: deps all
+	$(LUA_ENV) busted --exclude-tags=gpu,slow -o spec/support/summary.lua spec
+
+run: deps all
+	$(BUILD)/remat models/mlp.lua
+
+check-mem:
+	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT=-O1 CUDA=0 all
+	LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/spec/?.lua;;" LUA_CPATH="$(CURDIR)/build-asan/?.so;;" \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/spec/support/lsan.supp \
+	  busted --exclude-tags=gpu,slow -o spec/support/summary.lua spec
+
+clean:
+	rm -rf $(BUILD) build-asan

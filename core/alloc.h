@@ -1,0 +1,33 @@
+/* Storage and the accounted allocator. Every storage has a device and a category;
+ * live and peak bytes are kept per category and per device, and a limit is enforced
+ * on every device (on the CPU too, so memory policies can be tested without a GPU). */
+#ifndef REMAT_ALLOC_H
+#define REMAT_ALLOC_H
+
+#include "ctx.h"
+
+typedef struct rm_storage {
+  int refcount;
+  rm_device device;
+  rm_category category;
+  size_t bytes;
+  void *data;          /* NULL in a dry run (phantom storage: accounted, no memory) */
+} rm_storage;
+
+/* Allocates a storage of `bytes` on dev, tagged cat. Past the limit (after one
+ * reclaim-and-retry) fails with RM_ERR_OOM naming the request, live bytes by category
+ * and the limit. Returns NULL on failure with the ctx error set. */
+rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t bytes);
+void rm_storage_retain(rm_storage *s);
+void rm_storage_release(rm_ctx *ctx, rm_storage *s);
+
+/* Parses "512MiB", "2GiB", "1.5GB", "1000", "64k" into bytes. Returns false on junk. */
+bool rm_parse_bytes(const char *s, size_t *out);
+/* Formats bytes readably ("1.50 MiB") into buf. */
+char *rm_format_bytes(size_t b, char *buf, size_t n);
+
+void rm_memory_reset_peak(rm_ctx *ctx, rm_device dev);
+/* Debug: make the k-th allocation from now fail (k = 0 switches it off). */
+void rm_memory_fail_at(rm_ctx *ctx, uint64_t k);
+
+#endif

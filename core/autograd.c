@@ -1,0 +1,168 @@
+/* Backward: walk the nodes reachable from the root in reverse recording order. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd.h"
+#include "checkpoint.h"
+#include "ops.h"
+
+int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat) {
+  rm_category saved = ctx->category;
+  ctx->category = cat;
+  int rc = RM_OK;
+  if (!*acc) {
+    if (g->storage && g->storage->category == cat && g->refcount == 1 && rm_tensor_is_contiguous(g)) {
+      rm_tensor_hold(g);
+      *acc = g;
+    } else {
+      *acc = rm_copy(ctx, g);
+      if (!*acc) rc = ctx->err_code;
+    }
+  } else {
+    rm_tensor *in[2] = { *acc, g };
+    rc = rm_tensor_is_contiguous(*acc) ? rm_op_into(ctx, RM_OP_ADD, 2, in, NULL, 1, acc) : RM_ERR_STATE;
+    if (rc == RM_ERR_STATE) {
+      rm_tensor *sum = rm_add(ctx, *acc, g);
+      if (!sum) rc = ctx->err_code;
+      else { rm_tensor_drop(ctx, *acc); *acc = sum; rc = RM_OK; }
+    }
+  }
+  ctx->category = saved;
+  return rc;
+}
+
+static int by_seq_desc(const void *a, const void *b) {
+  const rm_node *x = *(rm_node *const *)a, *y = *(rm_node *const *)b;
+  return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
+}
+
+/* Nodes reachable from root, sorted newest first. */
+static int collect(rm_ctx *ctx, rm_node *root, rm_node ***out, size_t *count, size_t *capacity) {
+  size_t cap = 64, n = 0, top = 0;
+  rm_node **list = rm_host_malloc(ctx, cap * sizeof *list);
+  rm_node **stack = rm_host_malloc(ctx, cap * sizeof *stack);
+  size_t scap = cap;
+  if (!list || !stack) goto oom;
+  /* visited mark: the top bit of needs_grad, cleared again below */
+  stack[top++] = root;
+  root->needs_grad |= 0x80000000u;
+  while (top) {
+    rm_node *nd = stack[--top];
+    if (n == cap) {
+      rm_node **nl = rm_host_realloc(ctx, list, cap * sizeof *list, 2 * cap * sizeof *list);
+      if (!nl) goto oom;
+      list = nl;
+      cap *= 2;
+    }
+    list[n++] = nd;
+    for (int i = 0; i < nd->nin; i++) {
+      rm_node *p = nd->in[i]->grad_fn;
+      if (!p || !rm_node_needs_grad(nd, i) || (p->needs_grad & 0x80000000u)) continue;
+      p->needs_grad |= 0x80000000u;
+      if (top == scap) {
+        rm_node **ns = rm_host_realloc(ctx, stack, scap * sizeof *stack, 2 * scap * sizeof *stack);
+        if (!ns) goto oom;
+        stack = ns;
+        scap *= 2;
+      }
+      stack[top++] = p;
+    }
+  }
+  for (size_t k = 0; k < n; k++) list[k]->needs_grad &= ~0x80000000u;
+  rm_host_free(ctx, stack, scap * sizeof *stack);
+  qsort(list, n, sizeof *list, by_seq_desc);
+  *out = list;
+  *count = n;
+  *capacity = cap;
+  return RM_OK;
+oom:
+  rm_host_free(ctx, list, cap * sizeof *list);
+  rm_host_free(ctx, stack, scap * sizeof *stack);
+  return rm_fail(ctx, RM_ERR_OOM, "backward: out of host memory");
+}
+
+static int run_node(rm_ctx *ctx, rm_node *n) {
+  const rm_op_def *def = rm_op_def_get(n->op);
+  bool any = false;
+  for (int j = 0; j < n->nout; j++) any = any || n->gout[j];
+  if (!any) return RM_OK;
+  if (!def->backward)
+    return rm_fail(ctx, RM_ERR_STATE, "backward: %s has no backward rule", def->name);
+  rm_tensor *gin[64] = { 0 };
+  if (n->nin > 64) return rm_fail(ctx, RM_ERR_ARG, "backward: %s has too many inputs", def->name);
+  int rc = def->backward(ctx, n, n->gout, gin);
+  if (rc) rm_fail_prefix(ctx, def->name);
+  for (int i = 0; i < n->nin; i++) {
+    if (!gin[i]) continue;
+    rm_tensor *x = n->in[i];
+    if (rc == RM_OK && (gin[i]->ndim != x->ndim || !rm_same_shape(gin[i], x))) {
+      char s1[64], s2[64];
+      rc = rm_fail(ctx, RM_ERR_STATE, "backward: %s gave a gradient of shape %s for an input of shape %s",
+                   def->name, rm_tensor_shape_str(gin[i], s1, sizeof s1), rm_tensor_shape_str(x, s2, sizeof s2));
+    }
+    if (rc == RM_OK && rm_node_needs_grad(n, i)) {
+      if (x->grad_fn)
+        rc = rm_accumulate(ctx, &x->grad_fn->gout[x->out_index], gin[i], ctx->category);
+      else if (x->requires_grad)
+        rc = rm_accumulate(ctx, &x->grad, gin[i], RM_CAT_GRAD);
+    }
+    rm_tensor_drop(ctx, gin[i]);
+  }
+  return rc;
+}
+
+int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad) {
+  if (!root->requires_grad)
+    return rm_fail(ctx, RM_ERR_STATE, "backward: the tensor does not require grad (no op on it was recorded)");
+  if (!grad && rm_tensor_numel(root) != 1) {
+    char s[64];
+    return rm_fail(ctx, RM_ERR_SHAPE, "backward: a gradient is needed for a non-scalar tensor of size %s",
+                   rm_tensor_shape_str(root, s, sizeof s));
+  }
+  if (grad && !rm_same_shape(grad, root))
+    return rm_fail(ctx, RM_ERR_SHAPE, "backward: gradient shape does not match the tensor");
+  bool saved_grad = ctx->grad_enabled;
+  rm_category saved_cat = ctx->category;
+  ctx->grad_enabled = false;
+  ctx->category = RM_CAT_ACTIVATION;
+  int rc = RM_OK;
+  rm_tensor *seed = grad;
+  if (seed) rm_tensor_hold(seed);
+  else seed = rm_full_like(ctx, root, 1.0);
+  if (!seed) { rc = ctx->err_code; goto out; }
+  if (!root->grad_fn) {
+    rc = rm_accumulate(ctx, &root->grad, seed, RM_CAT_GRAD);
+    rm_tensor_drop(ctx, seed);
+    goto out;
+  }
+  rm_node **list = NULL;
+  size_t count = 0, cap = 0;
+  rc = collect(ctx, root->grad_fn, &list, &count, &cap);
+  if (rc) { rm_tensor_drop(ctx, seed); goto out; }
+  for (size_t k = 0; k < count && rc == RM_OK; k++)
+    if (list[k]->done)
+      rc = rm_fail(ctx, RM_ERR_STATE, "backward: the graph was already used by a backward (its saved data is gone); run the forward again");
+  if (rc == RM_OK) {
+    for (size_t k = 0; k < count; k++) rm_node_retain(list[k]);
+    rc = rm_accumulate(ctx, &root->grad_fn->gout[root->out_index], seed, ctx->category);
+    if (ctx->ckpt) rm_ckpt_backward_begin(ctx);
+    for (size_t k = 0; k < count && rc == RM_OK; k++) {
+      if (ctx->ckpt) rm_ckpt_before_node(ctx, list[k]);
+      rc = run_node(ctx, list[k]);
+      rm_node_release_saved(ctx, list[k]);
+      list[k]->done = true;
+      if (ctx->ckpt) rm_ckpt_after_node(ctx, list[k]);
+    }
+    for (size_t k = 0; k < count; k++) {
+      if (rc) rm_node_release_saved(ctx, list[k]);
+      rm_node_release(ctx, list[k]);
+    }
+    if (ctx->ckpt) rm_ckpt_backward_end(ctx);
+  }
+  rm_tensor_drop(ctx, seed);
+  rm_host_free(ctx, list, cap * sizeof *list);
+out:
+  ctx->grad_enabled = saved_grad;
+  ctx->category = saved_cat;
+  return rc;
+}

@@ -1,0 +1,15 @@
+/* Reverse-mode autograd over the tape of recorded nodes. */
+#ifndef REMAT_AUTOGRAD_H
+#define REMAT_AUTOGRAD_H
+
+#include "op.h"
+
+/* Backpropagates from root. grad: d(out)/d(root), or NULL for a one-element root (1).
+ * Accumulates into .grad of leaves that require grad (category grad); frees each
+ * node's saved data and gradients as soon as its backward has run. */
+int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad);
+
+/* Accumulates g into *acc (allocating it in category cat on first use). */
+int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat);
+
+#endif

@@ -1,0 +1,33 @@
+/* A backend is a table of function pointers, one per device. core/ never calls a
+ * kernel directly: it looks the kernel up here. kernels/cpu and kernels/cuda each fill
+ * one table. A NULL kernel means the backend does not support that op. */
+#ifndef REMAT_BACKEND_H
+#define REMAT_BACKEND_H
+
+#include "op.h"
+
+/* A kernel computes out[] from in[] (already allocated, shapes checked by the op's
+ * infer step). Inputs are contiguous unless the op has RM_OPF_STRIDED. */
+typedef int (*rm_kernel_fn)(rm_ctx *ctx, int nin, rm_tensor *const *in,
+                            int nout, rm_tensor *const *out, const rm_attrs *a);
+
+typedef struct rm_backend {
+  const char *name;
+  rm_device device;
+  /* Per-context setup/teardown (device handles, caches); may be NULL. */
+  int (*init)(rm_ctx *ctx, void **state);
+  void (*shutdown)(rm_ctx *ctx, void *state);
+  /* Raw device memory; the accounted allocator in core/alloc.c sits on top. */
+  void *(*malloc)(rm_ctx *ctx, size_t bytes);
+  void (*free)(rm_ctx *ctx, void *p, size_t bytes);
+  /* Copies between host memory and this device (n bytes). */
+  int (*to_host)(rm_ctx *ctx, void *dst, const void *src, size_t n);
+  int (*from_host)(rm_ctx *ctx, void *dst, const void *src, size_t n);
+  int (*synchronize)(rm_ctx *ctx);
+  bool supports_dtype[RM_DTYPE_COUNT];
+  rm_kernel_fn kernel[RM_OP_COUNT];
+} rm_backend;
+
+extern const rm_backend rm_cpu_backend;
+
+#endif

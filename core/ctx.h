@@ -1,0 +1,67 @@
+/* The context: all of remat's state hangs off one rm_ctx (allocator and its
+ * accounting, RNG, error message, grad mode, tape counters, backends). Two contexts
+ * in one process share nothing. A context is used from one thread at a time. */
+#ifndef REMAT_CTX_H
+#define REMAT_CTX_H
+
+#include "types.h"
+#include "remat.h"
+
+struct rm_backend;
+
+typedef struct rm_memstats {
+  size_t live[RM_CAT_COUNT];
+  size_t peak[RM_CAT_COUNT];      /* per-category peak since the last reset */
+  size_t live_total, peak_total;  /* peak_total: peak of the sum, not the sum of peaks */
+  size_t reserved;                /* bytes held from the device (>= live on caching devices) */
+  size_t limit;                   /* 0: none */
+  uint64_t n_allocs;
+  uint64_t fail_at;               /* debug: fail the k-th allocation from now (0: off) */
+} rm_memstats;
+
+struct rm_ctx {
+  rm_host_alloc host;             /* where the ctx's own host memory comes from */
+  rm_log_fn log;
+  void *log_ud;
+  char err[1024];
+  rm_status err_code;
+
+  rm_memstats mem[RM_DEVICE_COUNT];
+  rm_category category;           /* category of the next op output allocation */
+  /* Called once before an allocation fails for lack of memory; returns true when it
+   * freed something worth retrying (the Lua binding runs a full collection). */
+  bool (*reclaim)(void *ud);
+  void *reclaim_ud;
+
+  uint64_t rng_seed, rng_offset;  /* counter-based generator state */
+  bool grad_enabled;
+  bool dry;                       /* dry run: storages are phantom, kernels are skipped */
+  uint64_t node_seq;
+  int64_t live_nodes, live_tensors;
+
+  int layer;                      /* layer index being recorded (-1: none) */
+  struct rm_ckpt *ckpt;           /* checkpoint engine state during a planned step */
+
+  const struct rm_backend *backend[RM_DEVICE_COUNT];
+  void *backend_state[RM_DEVICE_COUNT];
+  void *cuda_lib;                 /* dlopen handle of the CUDA backend */
+};
+
+/* Sets the context error (printf-style) and returns code, so callers can write
+ * `return rm_fail(ctx, RM_ERR_SHAPE, "...", ...)`. */
+int rm_fail(rm_ctx *ctx, rm_status code, const char *fmt, ...)
+  __attribute__((format(printf, 3, 4)));
+/* Prepends "what: " to the current message (adds context on the way up). */
+int rm_fail_prefix(rm_ctx *ctx, const char *what);
+void rm_clear_error(rm_ctx *ctx);
+
+void *rm_host_malloc(rm_ctx *ctx, size_t n);
+void *rm_host_calloc(rm_ctx *ctx, size_t count, size_t n);
+void *rm_host_realloc(rm_ctx *ctx, void *p, size_t old, size_t n);
+void rm_host_free(rm_ctx *ctx, void *p, size_t n);
+
+/* Returns the backend for dev, loading it on first use; NULL with an error set when
+ * the device is not available. */
+const struct rm_backend *rm_backend_get(rm_ctx *ctx, rm_device dev);
+
+#endif

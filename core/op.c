@@ -1,0 +1,417 @@
+/* The op registry, rm_op_run (check, allocate, dispatch, record) and replay. */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"
+#include "checkpoint.h"
+#include "op.h"
+
+#define X(ID, name, family) extern const rm_op_def rm_opdef_##name __attribute__((weak));
+#include "ops.def"
+#undef X
+
+static const rm_op_def *const op_table[RM_OP_COUNT] = {
+#define X(ID, name, family) [RM_OP_##ID] = &rm_opdef_##name,
+#include "ops.def"
+#undef X
+};
+
+static const char *const op_names[RM_OP_COUNT] = {
+#define X(ID, name, family) [RM_OP_##ID] = #name,
+#include "ops.def"
+#undef X
+};
+
+const rm_op_def *rm_op_def_get(rm_op_id op) {
+  return (unsigned)op < RM_OP_COUNT ? op_table[op] : NULL;
+}
+
+const char *rm_op_name(rm_op_id op) { return (unsigned)op < RM_OP_COUNT ? op_names[op] : "?"; }
+
+int rm_op_find(const char *name) {
+  for (int i = 0; i < RM_OP_COUNT; i++)
+    if (!strcmp(op_names[i], name)) return i;
+  return -1;
+}
+
+void rm_attrs_init(rm_attrs *a) { memset(a, 0, sizeof *a); }
+
+/* ---- infer helpers ---- */
+
+int rm_check_same_device(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in) {
+  for (int i = 1; i < nin; i++)
+    if (in[i]->device != in[0]->device)
+      return rm_fail(ctx, RM_ERR_DEVICE, "%s: input %d is on %s but input 1 is on %s", op,
+                     i + 1, rm_device_name(in[i]->device), rm_device_name(in[0]->device));
+  return RM_OK;
+}
+
+int rm_check_same_dtype(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in) {
+  for (int i = 1; i < nin; i++)
+    if (in[i]->dtype != in[0]->dtype)
+      return rm_fail(ctx, RM_ERR_DTYPE, "%s: input %d is %s but input 1 is %s", op, i + 1,
+                     rm_dtype_name(in[i]->dtype), rm_dtype_name(in[0]->dtype));
+  return RM_OK;
+}
+
+int rm_check_float(rm_ctx *ctx, const char *op, rm_tensor *t) {
+  (void)ctx; (void)op; (void)t;
+  return RM_OK; /* every dtype remat has is a float type */
+}
+
+int rm_broadcast_shape(rm_ctx *ctx, const char *op, int na, const int64_t *a, int nb,
+                       const int64_t *b, int *nout, int64_t *out) {
+  int n = na > nb ? na : nb;
+  for (int i = 0; i < n; i++) {
+    int64_t da = i < n - na ? 1 : a[i - (n - na)];
+    int64_t db = i < n - nb ? 1 : b[i - (n - nb)];
+    if (da != db && da != 1 && db != 1) {
+      char sa[96], sb[96];
+      return rm_fail(ctx, RM_ERR_SHAPE, "%s: shapes %s and %s cannot be broadcast (dimension %d: %lld vs %lld)",
+                     op, rm_shape_str(na, a, sa, sizeof sa), rm_shape_str(nb, b, sb, sizeof sb),
+                     i + 1, (long long)da, (long long)db);
+    }
+    out[i] = da == 1 ? db : da;
+  }
+  *nout = n;
+  return RM_OK;
+}
+
+int rm_check_dim(rm_ctx *ctx, const char *op, int64_t dim, int ndim, int *out) {
+  int64_t d = dim < 0 ? dim + ndim : dim;
+  if (d < 0 || d >= (ndim ? ndim : 1))
+    return rm_fail(ctx, RM_ERR_ARG, "%s: dimension %lld is out of range for a %d-d tensor", op,
+                   (long long)(dim < 0 ? dim : dim + 1), ndim);
+  *out = (int)d;
+  return RM_OK;
+}
+
+static int default_infer(rm_ctx *ctx, const rm_op_def *def, int nin, rm_tensor *const *in,
+                         rm_meta *out) {
+  int rc = rm_check_same_device(ctx, def->name, nin, in);
+  if (!rc) rc = rm_check_same_dtype(ctx, def->name, nin, in);
+  if (rc) return rc;
+  rm_tensor_meta(in[0], &out[0]);
+  for (int i = 1; i < nin; i++) {
+    rc = rm_broadcast_shape(ctx, def->name, out[0].ndim, out[0].shape, in[i]->ndim,
+                            in[i]->shape, &out[0].ndim, out[0].shape);
+    if (rc) return rc;
+  }
+  for (int j = 1; j < def->nout; j++) out[j] = out[0];
+  return RM_OK;
+}
+
+/* ---- execution ---- */
+
+/* Runs def's kernel (or view) on in[], producing all nout outputs in outs[] (new refs).
+ * Does not record. attrs are used as given (random ops: seed/offset already set). */
+static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
+                   const rm_attrs *a, rm_tensor **outs) {
+  const rm_op_def *def = op_table[op];
+  int nout = def->nout;
+  rm_meta meta[8];
+  int rc = def->infer ? def->infer(ctx, nin, in, a, meta) : default_infer(ctx, def, nin, in, meta);
+  if (rc) return rc;
+  for (int j = 0; j < nout; j++) outs[j] = NULL;
+
+  if (def->flags & RM_OPF_VIEW) {
+    rm_tensor *v = rm_tensor_view_of(ctx, in[0], in[0]->ndim, in[0]->shape, in[0]->stride,
+                                     in[0]->offset);
+    if (!v) return ctx->err_code;
+    rc = def->view(ctx, in[0], a, v);
+    if (rc) { rm_tensor_drop(ctx, v); return rc; }
+    outs[0] = v;
+    return RM_OK;
+  }
+
+  rm_device dev = nin > 0 ? in[0]->device : meta[0].device;
+  const rm_backend *b = rm_backend_get(ctx, dev);
+  if (!b) return ctx->err_code;
+  rm_kernel_fn k = b->kernel[op];
+  if (!k)
+    return rm_fail(ctx, RM_ERR_DEVICE, "%s is not supported on %s", def->name, b->name);
+  for (int j = 0; j < nout; j++)
+    if (!b->supports_dtype[meta[j].dtype])
+      return rm_fail(ctx, RM_ERR_DTYPE, "%s: %s does not support %s", def->name, b->name,
+                     rm_dtype_name(meta[j].dtype));
+
+  rm_tensor *args[16];
+  int nargs = nin < 16 ? nin : 16;
+  if (nin > 16) return rm_fail(ctx, RM_ERR_ARG, "%s: at most 16 inputs", def->name);
+  for (int i = 0; i < nargs; i++) {
+    rm_tensor *t = in[i];
+    if (def->flags & RM_OPF_BROADCAST) {
+      int64_t st[RM_MAX_DIM];
+      int n = meta[0].ndim, off = n - t->ndim;
+      for (int d = 0; d < n; d++)
+        st[d] = d < off || t->shape[d - off] == 1 ? 0 : t->stride[d - off];
+      t = rm_tensor_view_of(ctx, t, n, meta[0].shape, st, t->offset);
+    } else if (!(def->flags & RM_OPF_STRIDED) && !rm_tensor_is_contiguous(t)) {
+      rm_category saved = ctx->category;
+      ctx->category = RM_CAT_WORKSPACE;
+      rm_tensor *src = t;
+      rc = op_exec(ctx, RM_OP_COPY, 1, &src, a, &t);
+      ctx->category = saved;
+      if (rc) t = NULL;
+    } else {
+      rm_tensor_hold(t);
+    }
+    if (!t) {
+      for (int q = 0; q < i; q++) rm_tensor_drop(ctx, args[q]);
+      return ctx->err_code ? ctx->err_code : RM_ERR_OOM;
+    }
+    args[i] = t;
+  }
+  for (int j = 0; j < nout && rc == RM_OK; j++) {
+    outs[j] = rm_tensor_new_meta(ctx, &meta[j], ctx->category);
+    if (!outs[j]) rc = ctx->err_code;
+  }
+  if (rc == RM_OK && !ctx->dry) {
+    rc = k(ctx, nargs, args, nout, outs, a);
+    if (rc && !ctx->err[0]) rm_fail(ctx, rc, "%s failed on %s", def->name, b->name);
+  }
+  for (int i = 0; i < nargs; i++) rm_tensor_drop(ctx, args[i]);
+  if (rc) {
+    for (int j = 0; j < nout; j++) rm_tensor_drop(ctx, outs[j]), outs[j] = NULL;
+    return rc;
+  }
+  return RM_OK;
+}
+
+static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
+                       const rm_attrs *a, rm_tensor **outs) {
+  const rm_op_def *def = op_table[op];
+  rm_node *n = rm_host_calloc(ctx, 1, sizeof *n);
+  rm_tensor **arr = n ? rm_host_calloc(ctx, (size_t)(2 * nin + 2 * def->nout + 1), sizeof *arr) : NULL;
+  if (!arr) {
+    rm_host_free(ctx, n, sizeof *n);
+    rm_fail(ctx, RM_ERR_OOM, "out of host memory recording %s", def->name);
+    return NULL;
+  }
+  n->refcount = 0;
+  n->seq = ++ctx->node_seq;
+  n->op = op;
+  n->attrs = *a;
+  n->nin = nin;
+  n->nout = def->nout;
+  n->in = arr;
+  n->out = arr + nin;
+  n->gout = arr + nin + def->nout;
+  n->layer = ctx->layer;
+  ctx->live_nodes++;
+  for (int i = 0; i < nin; i++) {
+    rm_tensor_retain(in[i]);
+    n->in[i] = in[i];
+    if (in[i]->requires_grad) n->needs_grad |= 1u << i;
+    if ((def->save_in >> (i < 31 ? i : 31)) & 1u) {
+      rm_tensor_use(in[i]);
+      n->saved_in |= 1u << (i < 31 ? i : 31);
+    }
+  }
+  for (int j = 0; j < def->nout; j++) {
+    rm_tensor *t = outs[j];
+    n->out[j] = t;
+    t->out_index = j;
+    t->layer = ctx->layer;
+    bool diff = j < def->nvis && !((def->nodiff_out >> j) & 1u);
+    if (diff) {
+      t->grad_fn = n;
+      t->requires_grad = true;
+      n->refcount++;
+    } else {
+      t->producer = n;
+      rm_tensor_retain(t);
+    }
+    if ((def->save_out >> j) & 1u) {
+      rm_tensor_use(t);
+      n->saved_out |= 1u << j;
+    }
+  }
+  return n;
+}
+
+int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+              rm_tensor **out) {
+  const rm_op_def *def = rm_op_def_get(op);
+  if (!def) return rm_fail(ctx, RM_ERR_ARG, "op %s is not implemented", rm_op_name(op));
+  if (def->nin >= 0 && nin != def->nin)
+    return rm_fail(ctx, RM_ERR_ARG, "%s takes %d inputs (got %d)", def->name, def->nin, nin);
+  rm_attrs local;
+  if (!a) rm_attrs_init(&local), a = &local;
+  bool grad = false;
+  for (int i = 0; i < nin; i++) {
+    if (!in[i]) return rm_fail(ctx, RM_ERR_ARG, "%s: input %d is missing", def->name, i + 1);
+    int rc = rm_tensor_data_ready(ctx, in[i]);
+    if (rc) return rm_fail_prefix(ctx, def->name);
+    if (in[i]->requires_grad) grad = true;
+  }
+  grad = grad && ctx->grad_enabled && !(def->flags & RM_OPF_NODIFF);
+  if (def->flags & RM_OPF_RANDOM) {
+    if (a != &local) local = *a, a = &local;
+    local.seed = ctx->rng_seed;
+    local.offset = ctx->rng_offset;
+  }
+  rm_tensor *outs[8];
+  int rc = op_exec(ctx, op, nin, in, a, outs);
+  if (rc) return rc;
+  if (def->flags & RM_OPF_RANDOM && a == &local) {
+    int64_t numel = rm_tensor_numel(outs[0]);
+    ctx->rng_offset += (uint64_t)((2 * numel + 3) / 4) * 4;
+  }
+  if (grad) {
+    rm_node *n = record(ctx, op, nin, in, a, outs);
+    if (!n) {
+      for (int j = 0; j < def->nout; j++) rm_tensor_drop(ctx, outs[j]);
+      return ctx->err_code;
+    }
+    if (ctx->ckpt) rm_ckpt_on_record(ctx, n);
+  }
+  for (int j = 0; j < def->nout; j++) {
+    if (j < def->nvis) out[j] = outs[j];
+    else rm_tensor_drop(ctx, outs[j]);
+  }
+  return RM_OK;
+}
+
+rm_tensor *rm_op1(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
+  rm_tensor *out[8] = { 0 };
+  if (rm_op_run(ctx, op, nin, in, a, out) != RM_OK) return NULL;
+  const rm_op_def *def = op_table[op];
+  for (int j = 1; j < def->nvis; j++) rm_tensor_drop(ctx, out[j]);
+  return out[0];
+}
+
+int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+               int nout, rm_tensor *const *out) {
+  const rm_op_def *def = rm_op_def_get(op);
+  if (!def || (def->flags & RM_OPF_VIEW))
+    return rm_fail(ctx, RM_ERR_ARG, "%s cannot write into a tensor", rm_op_name(op));
+  rm_attrs local;
+  if (!a) rm_attrs_init(&local), a = &local;
+  for (int i = 0; i < nin; i++)
+    if (rm_tensor_data_ready(ctx, in[i])) return rm_fail_prefix(ctx, def->name);
+  for (int j = 0; j < nout; j++)
+    if (!out[j]->storage) return rm_fail(ctx, RM_ERR_STATE, "%s: output has no data", def->name);
+  const rm_backend *b = rm_backend_get(ctx, out[0]->device);
+  if (!b) return ctx->err_code;
+  if (!b->kernel[op]) return rm_fail(ctx, RM_ERR_DEVICE, "%s is not supported on %s", def->name, b->name);
+  if (ctx->dry) return RM_OK;
+  rm_tensor *args[16];
+  if (nin > 16) return rm_fail(ctx, RM_ERR_ARG, "%s: at most 16 inputs", def->name);
+  for (int i = 0; i < nin; i++) {
+    rm_tensor *t = in[i];
+    if (def->flags & RM_OPF_BROADCAST) {
+      int64_t st[RM_MAX_DIM];
+      int n = out[0]->ndim, off = n - t->ndim;
+      for (int d = 0; d < n; d++)
+        st[d] = d < off || t->shape[d - off] == 1 ? 0 : t->stride[d - off];
+      t = rm_tensor_view_of(ctx, t, n, out[0]->shape, st, t->offset);
+    } else {
+      rm_tensor_hold(t);
+    }
+    if (!t) { for (int q = 0; q < i; q++) rm_tensor_drop(ctx, args[q]); return ctx->err_code; }
+    args[i] = t;
+  }
+  int rc = b->kernel[op](ctx, nin, args, nout, out, a);
+  for (int i = 0; i < nin; i++) rm_tensor_drop(ctx, args[i]);
+  return rc;
+}
+
+double rm_op_flops(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+                   const rm_meta *out) {
+  const rm_op_def *def = rm_op_def_get(op);
+  if (!def || (def->flags & RM_OPF_VIEW)) return 0;
+  if (def->flops) return def->flops(nin, in, a, out);
+  return (double)rm_meta_numel(&out[0]);
+}
+
+/* ---- nodes ---- */
+
+void rm_node_retain(rm_node *n) { n->refcount++; }
+
+static void node_free_saved(rm_ctx *ctx, rm_node *n) {
+  for (int i = 0; i < n->nin && i < 32; i++)
+    if ((n->saved_in >> i) & 1u) rm_tensor_unuse(ctx, n->in[i]);
+  for (int j = 0; j < n->nout; j++)
+    if (((n->saved_out >> j) & 1u) && n->out[j]) rm_tensor_unuse(ctx, n->out[j]);
+  n->saved_in = n->saved_out = 0;
+  for (int j = 0; j < n->nout; j++)
+    if (n->gout[j]) rm_tensor_drop(ctx, n->gout[j]), n->gout[j] = NULL;
+}
+
+void rm_node_release_saved(rm_ctx *ctx, rm_node *n) { node_free_saved(ctx, n); }
+
+void rm_node_release(rm_ctx *ctx, rm_node *n) {
+  if (!n || --n->refcount > 0) return;
+  node_free_saved(ctx, n);
+  const rm_op_def *def = op_table[n->op];
+  for (int j = 0; j < n->nout; j++) {
+    rm_tensor *t = n->out[j];
+    if (!t) continue;
+    bool diff = j < def->nvis && !((def->nodiff_out >> j) & 1u);
+    if (!diff) {
+      t->producer = NULL;
+      rm_tensor_release(ctx, t);
+    }
+  }
+  for (int i = 0; i < n->nin; i++) rm_tensor_release(ctx, n->in[i]);
+  rm_host_free(ctx, n->in, sizeof(rm_tensor *) * (size_t)(2 * n->nin + 2 * n->nout + 1));
+  rm_host_free(ctx, n, sizeof *n);
+  ctx->live_nodes--;
+}
+
+rm_tensor *rm_node_input(rm_ctx *ctx, rm_node *n, int i) {
+  rm_tensor *t = n->in[i];
+  if (rm_tensor_data_ready(ctx, t)) return NULL;
+  return t;
+}
+
+rm_tensor *rm_node_output(rm_ctx *ctx, rm_node *n, int j) {
+  rm_tensor *t = n->out[j];
+  if (!t) {
+    rm_fail(ctx, RM_ERR_STATE, "%s: output %d was released before backward", rm_op_name(n->op), j + 1);
+    return NULL;
+  }
+  if (rm_tensor_data_ready(ctx, t)) return NULL;
+  return t;
+}
+
+int rm_node_recompute(rm_ctx *ctx, rm_node *n) {
+  const rm_op_def *def = op_table[n->op];
+  bool fresh[64] = { 0 };
+  int rc = RM_OK;
+  for (int i = 0; i < n->nin; i++) {
+    fresh[i < 64 ? i : 63] = n->in[i]->storage == NULL;
+    if ((rc = rm_tensor_data_ready(ctx, n->in[i]))) return rc;
+  }
+  rm_tensor *outs[8];
+  rm_category saved_cat = ctx->category;
+  bool saved_grad = ctx->grad_enabled;
+  ctx->category = RM_CAT_ACTIVATION;
+  ctx->grad_enabled = false;
+  rc = op_exec(ctx, n->op, n->nin, n->in, &n->attrs, outs);
+  ctx->category = saved_cat;
+  ctx->grad_enabled = saved_grad;
+  if (rc) return rc;
+  for (int j = 0; j < def->nout; j++) {
+    rm_tensor *t = n->out[j];
+    if (t && !t->storage && rc == RM_OK) {
+      if (!rm_same_shape(t, outs[j]) || t->dtype != outs[j]->dtype) {
+        char s1[64], s2[64];
+        rc = rm_fail(ctx, RM_ERR_STATE,
+                     "replay of layer %d rebuilt %s as %s %s, but the first forward made %s %s",
+                     n->layer + 1, def->name, rm_dtype_name(outs[j]->dtype),
+                     rm_tensor_shape_str(outs[j], s1, sizeof s1), rm_dtype_name(t->dtype),
+                     rm_tensor_shape_str(t, s2, sizeof s2));
+      } else {
+        t->storage = outs[j]->storage;
+        rm_storage_retain(t->storage);
+        if (!(def->flags & RM_OPF_VIEW)) t->offset = 0;
+      }
+    }
+    rm_tensor_drop(ctx, outs[j]);
+  }
+  for (int i = 0; i < n->nin && i < 64; i++)
+    if (fresh[i] && n->in[i]->users == 0 && n->in[i]->pins == 0) rm_tensor_evict(ctx, n->in[i]);
+  return rc;
+}

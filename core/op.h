@@ -1,0 +1,126 @@
+/* The op registry and the one entry point every op goes through (rm_op_run).
+ *
+ * Each op: a name, its arity, an infer step (checks inputs, gives output shapes), a
+ * kernel per backend (core/backend.h), a backward rule written with other ops (so it
+ * runs on every backend), what its backward needs saved, and a cost model.
+ *
+ * Index values (argmax results, gather/index_select/embedding indices, cross_entropy
+ * labels) are stored in float tensors and are 1-based, as Lua users expect. */
+#ifndef REMAT_OP_H
+#define REMAT_OP_H
+
+#include "tensor.h"
+
+typedef enum {
+#define X(ID, name, family) RM_OP_##ID,
+#include "ops.def"
+#undef X
+  RM_OP_COUNT
+} rm_op_id;
+
+/* Op parameters. Each op documents which slots it reads. */
+typedef struct rm_attrs {
+  int64_t i[4];
+  double f[4];
+  uint64_t seed, offset;      /* random ops: drawn from the ctx generator by rm_op_run,
+                                 replayed as recorded */
+  int ndim;                   /* a shape (view, expand, fill, rand, sum_to, ...) */
+  int64_t shape[RM_MAX_DIM];
+} rm_attrs;
+
+enum {
+  RM_OPF_VIEW = 1,        /* no kernel: `view` builds the output over the input's storage */
+  RM_OPF_STRIDED = 2,     /* kernel takes strided inputs (no contiguous copy first) */
+  RM_OPF_BROADCAST = 4,   /* inputs are broadcast to the output shape (stride-0 views) */
+  RM_OPF_RANDOM = 8,      /* draws from the generator: attrs seed/offset recorded */
+  RM_OPF_NODIFF = 16,     /* not differentiable: outputs never require grad */
+  RM_OPF_INTERNAL = 32,   /* a backward helper, not part of the user-facing API */
+};
+
+typedef struct rm_op_def {
+  const char *name;
+  int nin;                /* -1: variadic (concat) */
+  int nout;               /* outputs; the first `nvis` are returned to the caller, the */
+  int nvis;               /* rest are extras kept for backward (e.g. layernorm's mean) */
+  unsigned flags;
+  unsigned save_in;       /* bit i: backward reads input i (variadic: ~0u = all) */
+  unsigned save_out;      /* bit j: backward reads output j */
+  unsigned nodiff_out;    /* bit j: visible output j is not differentiable (indices) */
+  /* Checks inputs and attrs, fills out[0..nout-1]. NULL: elementwise default (one
+   * input: same meta; several: broadcast shape, all dtypes and devices equal). */
+  int (*infer)(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out);
+  /* View ops only: set out's shape/stride/offset over in[0]'s storage. */
+  int (*view)(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out);
+  /* Gradients of the inputs from gradients of the visible outputs (gout[j] may be
+   * NULL: no gradient flowed there). Sets gin[i] (a new reference, input i's shape)
+   * for each i with rm_node_needs_grad(n, i); leaves others NULL. */
+  int (*backward)(rm_ctx *ctx, rm_node *n, rm_tensor *const *gout, rm_tensor **gin);
+  /* Floating-point operations of one forward call (NULL: one per output element). */
+  double (*flops)(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out);
+} rm_op_def;
+
+/* A recorded op on the tape. */
+struct rm_node {
+  int refcount;
+  uint64_t seq;             /* recording order: reverse seq is a valid backward order */
+  rm_op_id op;
+  rm_attrs attrs;
+  int nin, nout;
+  rm_tensor **in;           /* strong: graph edges (data held only when saved) */
+  rm_tensor **out;          /* differentiable outputs: weak; extras: strong */
+  rm_tensor **gout;         /* gradients accumulated during backward */
+  unsigned needs_grad;      /* bit i: input i requires grad */
+  unsigned saved_in, saved_out; /* which data this node holds a use of */
+  int layer;                /* layer that recorded it (-1: none) */
+  bool done;                /* backward already ran (second backward is an error) */
+};
+
+const rm_op_def *rm_op_def_get(rm_op_id op);
+/* Looks up an op by name; returns -1 when unknown. */
+int rm_op_find(const char *name);
+const char *rm_op_name(rm_op_id op);
+void rm_attrs_init(rm_attrs *a);
+
+/* Runs op on in[0..nin-1]: checks, allocates outputs (category ctx->category),
+ * dispatches to the backend, and records a node when grad mode is on and an input
+ * requires grad. out[0..nvis-1] receive new references (refcount 1, users 1).
+ * Returns RM_OK or an error with a message naming the op. */
+int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
+              const rm_attrs *a, rm_tensor **out);
+/* Runs op's kernel writing into existing tensors out[] (no allocation, no tape): for
+ * in-place updates (optimizers, gradient accumulation). Elementwise ops may alias. */
+int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+               int nout, rm_tensor *const *out);
+/* Shorthand for one-output ops: returns the output, or NULL with the error set. */
+rm_tensor *rm_op1(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a);
+
+/* Cost model: FLOPs and output bytes of op on the given inputs. */
+double rm_op_flops(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+                   const rm_meta *out);
+
+/* For backward rules: input i / output j of n with its data ready (rematerialised if
+ * it was evicted). Borrowed reference; NULL with an error set on failure. */
+rm_tensor *rm_node_input(rm_ctx *ctx, rm_node *n, int i);
+rm_tensor *rm_node_output(rm_ctx *ctx, rm_node *n, int j);
+static inline bool rm_node_needs_grad(const rm_node *n, int i) {
+  return (n->needs_grad >> i) & 1u;
+}
+
+void rm_node_retain(rm_node *n);
+/* Gives back what n holds for its backward (saved data, accumulated gradients). */
+void rm_node_release_saved(rm_ctx *ctx, rm_node *n);
+void rm_node_release(rm_ctx *ctx, rm_node *n);
+/* Runs n's forward again from its inputs and gives its outputs back their data. */
+int rm_node_recompute(rm_ctx *ctx, rm_node *n);
+
+/* Helpers for infer steps. */
+int rm_check_same_device(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in);
+int rm_check_same_dtype(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in);
+int rm_check_float(rm_ctx *ctx, const char *op, rm_tensor *t);
+/* Broadcast shapes a and b (numpy rules) into out; error names op and both shapes. */
+int rm_broadcast_shape(rm_ctx *ctx, const char *op, int na, const int64_t *a, int nb,
+                       const int64_t *b, int *nout, int64_t *out);
+/* Normalises a 0-based dim (negatives count from the end); error if out of range. */
+int rm_check_dim(rm_ctx *ctx, const char *op, int64_t dim, int ndim, int *out);
+
+#endif

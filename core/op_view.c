@@ -1,0 +1,293 @@
+/* View ops: view, transpose, narrow, expand, select. No kernel: the output is a new
+ * geometry over the input's storage. Each has a backward rule like any other op. */
+#include <string.h>
+
+#include "ops.h"
+
+/* ---- view: attrs shape/ndim (fully resolved) ---- */
+
+static int view_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  rm_meta m = { in[0]->dtype, in[0]->device, a->ndim, { 0 } };
+  memcpy(m.shape, a->shape, sizeof m.shape);
+  if (rm_meta_numel(&m) != rm_tensor_numel(in[0])) {
+    char s1[96], s2[96];
+    return rm_fail(ctx, RM_ERR_SHAPE, "view: cannot view a tensor of size %s (%lld elements) as %s",
+                   rm_tensor_shape_str(in[0], s1, sizeof s1), (long long)rm_tensor_numel(in[0]),
+                   rm_shape_str(a->ndim, a->shape, s2, sizeof s2));
+  }
+  if (!rm_tensor_is_contiguous(in[0]))
+    return rm_fail(ctx, RM_ERR_SHAPE, "view: the tensor is not contiguous (use reshape or contiguous)");
+  out[0] = m;
+  return RM_OK;
+}
+
+static int view_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
+  (void)ctx; (void)in;
+  out->ndim = a->ndim;
+  memcpy(out->shape, a->shape, sizeof out->shape);
+  rm_contiguous_strides(a->ndim, a->shape, out->stride);
+  return RM_OK;
+}
+
+static int view_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  gin[0] = rm_reshape(ctx, g[0], n->in[0]->ndim, n->in[0]->shape);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+const rm_op_def rm_opdef_view = {
+  .name = "view", .nin = 1, .nout = 1, .nvis = 1, .flags = RM_OPF_VIEW | RM_OPF_STRIDED,
+  .infer = view_infer, .view = view_view, .backward = view_backward,
+};
+
+/* ---- transpose: i[0], i[1] dims (normalised) ---- */
+
+static int transpose_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int d0, d1;
+  if (rm_check_dim(ctx, "transpose", a->i[0], in[0]->ndim, &d0) ||
+      rm_check_dim(ctx, "transpose", a->i[1], in[0]->ndim, &d1))
+    return ctx->err_code;
+  rm_tensor_meta(in[0], &out[0]);
+  if (in[0]->ndim) {
+    int64_t t = out[0].shape[d0];
+    out[0].shape[d0] = out[0].shape[d1];
+    out[0].shape[d1] = t;
+  }
+  return RM_OK;
+}
+
+static int transpose_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
+  int d0, d1;
+  if (in->ndim == 0) return RM_OK;
+  rm_check_dim(ctx, "transpose", a->i[0], in->ndim, &d0);
+  rm_check_dim(ctx, "transpose", a->i[1], in->ndim, &d1);
+  out->shape[d0] = in->shape[d1]; out->shape[d1] = in->shape[d0];
+  out->stride[d0] = in->stride[d1]; out->stride[d1] = in->stride[d0];
+  return RM_OK;
+}
+
+static int transpose_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  gin[0] = rm_transpose(ctx, g[0], n->attrs.i[0], n->attrs.i[1]);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+const rm_op_def rm_opdef_transpose = {
+  .name = "transpose", .nin = 1, .nout = 1, .nvis = 1, .flags = RM_OPF_VIEW | RM_OPF_STRIDED,
+  .infer = transpose_infer, .view = transpose_view, .backward = transpose_backward,
+};
+
+/* ---- narrow: i[0] dim, i[1] start (0-based), i[2] length ---- */
+
+static int narrow_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int d;
+  if (in[0]->ndim == 0) return rm_fail(ctx, RM_ERR_ARG, "narrow: cannot narrow a 0-d tensor");
+  if (rm_check_dim(ctx, "narrow", a->i[0], in[0]->ndim, &d)) return ctx->err_code;
+  int64_t size = in[0]->shape[d];
+  if (a->i[1] < 0 || a->i[2] < 0 || a->i[1] + a->i[2] > size)
+    return rm_fail(ctx, RM_ERR_ARG, "narrow: start %lld and length %lld are out of range for dimension %d of size %lld",
+                   (long long)a->i[1] + 1, (long long)a->i[2], d + 1, (long long)size);
+  rm_tensor_meta(in[0], &out[0]);
+  out[0].shape[d] = a->i[2];
+  return RM_OK;
+}
+
+static int narrow_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
+  int d;
+  rm_check_dim(ctx, "narrow", a->i[0], in->ndim, &d);
+  out->shape[d] = a->i[2];
+  out->offset = in->offset + a->i[1] * in->stride[d];
+  return RM_OK;
+}
+
+static int narrow_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_attrs a = n->attrs;
+  int d;
+  rm_check_dim(ctx, "narrow", a.i[0], n->in[0]->ndim, &d);
+  a.i[0] = d;
+  a.i[2] = n->in[0]->shape[d];
+  gin[0] = rm_op1(ctx, RM_OP_NARROW_BACKWARD, 1, g, &a);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+const rm_op_def rm_opdef_narrow = {
+  .name = "narrow", .nin = 1, .nout = 1, .nvis = 1, .flags = RM_OPF_VIEW | RM_OPF_STRIDED,
+  .infer = narrow_infer, .view = narrow_view, .backward = narrow_backward,
+};
+
+/* ---- expand: shape/ndim (sizes of 1 stretch, new leading dims allowed) ---- */
+
+static int expand_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int off = a->ndim - in[0]->ndim;
+  char s1[96], s2[96];
+  if (off < 0)
+    return rm_fail(ctx, RM_ERR_SHAPE, "expand: cannot expand %s to fewer dimensions (%s)",
+                   rm_tensor_shape_str(in[0], s1, sizeof s1), rm_shape_str(a->ndim, a->shape, s2, sizeof s2));
+  for (int d = 0; d < in[0]->ndim; d++)
+    if (in[0]->shape[d] != 1 && in[0]->shape[d] != a->shape[d + off])
+      return rm_fail(ctx, RM_ERR_SHAPE, "expand: cannot expand %s to %s",
+                     rm_tensor_shape_str(in[0], s1, sizeof s1), rm_shape_str(a->ndim, a->shape, s2, sizeof s2));
+  out[0].dtype = in[0]->dtype;
+  out[0].device = in[0]->device;
+  out[0].ndim = a->ndim;
+  memcpy(out[0].shape, a->shape, sizeof out[0].shape);
+  return RM_OK;
+}
+
+static int expand_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
+  (void)ctx;
+  int off = a->ndim - in->ndim;
+  out->ndim = a->ndim;
+  for (int d = 0; d < a->ndim; d++) {
+    out->shape[d] = a->shape[d];
+    out->stride[d] = (d < off || in->shape[d - off] == 1) ? 0 : in->stride[d - off];
+  }
+  return RM_OK;
+}
+
+static int expand_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  gin[0] = rm_sum_to(ctx, g[0], n->in[0]->ndim, n->in[0]->shape);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+const rm_op_def rm_opdef_expand = {
+  .name = "expand", .nin = 1, .nout = 1, .nvis = 1, .flags = RM_OPF_VIEW | RM_OPF_STRIDED,
+  .infer = expand_infer, .view = expand_view, .backward = expand_backward,
+};
+
+/* ---- select: i[0] dim, i[1] index (0-based); drops the dimension ---- */
+
+static int select_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int d;
+  if (in[0]->ndim == 0) return rm_fail(ctx, RM_ERR_ARG, "select: cannot index a 0-d tensor");
+  if (rm_check_dim(ctx, "select", a->i[0], in[0]->ndim, &d)) return ctx->err_code;
+  if (a->i[1] < 0 || a->i[1] >= in[0]->shape[d])
+    return rm_fail(ctx, RM_ERR_ARG, "select: index %lld is out of range for dimension %d of size %lld",
+                   (long long)a->i[1] + 1, d + 1, (long long)in[0]->shape[d]);
+  rm_tensor_meta(in[0], &out[0]);
+  for (int k = d; k < in[0]->ndim - 1; k++) out[0].shape[k] = out[0].shape[k + 1];
+  out[0].ndim--;
+  return RM_OK;
+}
+
+static int select_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
+  int d;
+  rm_check_dim(ctx, "select", a->i[0], in->ndim, &d);
+  out->offset = in->offset + a->i[1] * in->stride[d];
+  for (int k = d; k < in->ndim - 1; k++) {
+    out->shape[k] = in->shape[k + 1];
+    out->stride[k] = in->stride[k + 1];
+  }
+  out->ndim = in->ndim - 1;
+  return RM_OK;
+}
+
+static int select_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = n->in[0];
+  int d;
+  rm_check_dim(ctx, "select", n->attrs.i[0], x->ndim, &d);
+  int64_t shape[RM_MAX_DIM];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[d] = 1;
+  rm_tensor *g1 = rm_reshape(ctx, g[0], x->ndim, shape);
+  if (!g1) return ctx->err_code;
+  rm_attrs a;
+  rm_attrs_init(&a);
+  a.i[0] = d;
+  a.i[1] = n->attrs.i[1];
+  a.i[2] = x->shape[d];
+  gin[0] = rm_op1(ctx, RM_OP_NARROW_BACKWARD, 1, &g1, &a);
+  rm_tensor_drop(ctx, g1);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+const rm_op_def rm_opdef_select = {
+  .name = "select", .nin = 1, .nout = 1, .nvis = 1, .flags = RM_OPF_VIEW | RM_OPF_STRIDED,
+  .infer = select_infer, .view = select_view, .backward = select_backward,
+};
+
+/* ---- wrappers ---- */
+
+rm_tensor *rm_view(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  if (ndim < 0 || ndim > RM_MAX_DIM) {
+    rm_fail(ctx, RM_ERR_ARG, "view: at most %d dimensions", RM_MAX_DIM);
+    return NULL;
+  }
+  int infer = -1;
+  int64_t known = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] == -1) {
+      if (infer >= 0) { rm_fail(ctx, RM_ERR_ARG, "view: only one size may be -1"); return NULL; }
+      infer = d;
+    } else if (shape[d] < 0) {
+      rm_fail(ctx, RM_ERR_ARG, "view: size %lld of dimension %d is negative", (long long)shape[d], d + 1);
+      return NULL;
+    } else {
+      known *= shape[d];
+    }
+    at.shape[d] = shape[d];
+  }
+  if (infer >= 0) {
+    int64_t n = rm_tensor_numel(a);
+    if (known == 0 || n % known) {
+      char s[96];
+      rm_fail(ctx, RM_ERR_SHAPE, "view: cannot infer size -1 for %lld elements into %s", (long long)n,
+              rm_shape_str(ndim, shape, s, sizeof s));
+      return NULL;
+    }
+    at.shape[infer] = n / known;
+  }
+  at.ndim = ndim;
+  return rm_op1(ctx, RM_OP_VIEW, 1, &a, &at);
+}
+
+rm_tensor *rm_reshape(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape) {
+  if (rm_tensor_is_contiguous(a)) return rm_view(ctx, a, ndim, shape);
+  rm_tensor *c = rm_contiguous(ctx, a);
+  if (!c) return NULL;
+  rm_tensor *v = rm_view(ctx, c, ndim, shape);
+  rm_tensor_drop(ctx, c);
+  return v;
+}
+
+rm_tensor *rm_transpose(rm_ctx *ctx, rm_tensor *a, int64_t d0, int64_t d1) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.i[0] = d0;
+  at.i[1] = d1;
+  return rm_op1(ctx, RM_OP_TRANSPOSE, 1, &a, &at);
+}
+
+rm_tensor *rm_narrow(rm_ctx *ctx, rm_tensor *a, int64_t dim, int64_t start, int64_t len) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.i[0] = dim;
+  at.i[1] = start;
+  at.i[2] = len;
+  return rm_op1(ctx, RM_OP_NARROW, 1, &a, &at);
+}
+
+rm_tensor *rm_expand(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  if (ndim < 0 || ndim > RM_MAX_DIM) {
+    rm_fail(ctx, RM_ERR_ARG, "expand: at most %d dimensions", RM_MAX_DIM);
+    return NULL;
+  }
+  at.ndim = ndim;
+  memcpy(at.shape, shape, sizeof(int64_t) * (size_t)ndim);
+  return rm_op1(ctx, RM_OP_EXPAND, 1, &a, &at);
+}
+
+rm_tensor *rm_select(rm_ctx *ctx, rm_tensor *a, int64_t dim, int64_t index) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.i[0] = dim;
+  at.i[1] = index;
+  return rm_op1(ctx, RM_OP_SELECT, 1, &a, &at);
+}

@@ -1,0 +1,71 @@
+/* C wrappers for running ops (what backward rules, modules and optimizers call).
+ * Each returns a new reference (hold: refcount 1, users 1), or NULL with the ctx error
+ * set. Dims are 0-based here (negative counts from the end); index *values* inside
+ * tensors are 1-based (see op.h). Each is defined in core/op_<family>.c. */
+#ifndef REMAT_OPS_H
+#define REMAT_OPS_H
+
+#include "op.h"
+
+#define RM_DIM_ALL INT64_MIN   /* reduce over every dimension */
+
+/* elementwise (op_elementwise.c) */
+rm_tensor *rm_binary(rm_ctx *ctx, rm_op_id op, rm_tensor *a, rm_tensor *b); /* add..ge, maximum */
+rm_tensor *rm_add(rm_ctx *ctx, rm_tensor *a, rm_tensor *b);
+rm_tensor *rm_sub(rm_ctx *ctx, rm_tensor *a, rm_tensor *b);
+rm_tensor *rm_mul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b);
+rm_tensor *rm_div(rm_ctx *ctx, rm_tensor *a, rm_tensor *b);
+rm_tensor *rm_scalar_op(rm_ctx *ctx, rm_op_id op, rm_tensor *a, double s); /* f[0] = s */
+rm_tensor *rm_unary(rm_ctx *ctx, rm_op_id op, rm_tensor *a);
+rm_tensor *rm_where(rm_ctx *ctx, rm_tensor *cond, rm_tensor *a, rm_tensor *b);
+rm_tensor *rm_copy(rm_ctx *ctx, rm_tensor *a);             /* always a new contiguous copy */
+rm_tensor *rm_contiguous(rm_ctx *ctx, rm_tensor *a);       /* a itself (held) when contiguous */
+rm_tensor *rm_cast(rm_ctx *ctx, rm_tensor *a, rm_dtype dt);
+rm_tensor *rm_full(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim, const int64_t *shape,
+                   double value);
+rm_tensor *rm_full_like(rm_ctx *ctx, rm_tensor *a, double value);
+
+/* random (op_random.c) */
+rm_tensor *rm_rand(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim, const int64_t *shape);
+rm_tensor *rm_randn(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim, const int64_t *shape);
+rm_tensor *rm_dropout(rm_ctx *ctx, rm_tensor *x, double p);
+
+/* views (op_view.c): no copy; the result aliases a's storage */
+rm_tensor *rm_view(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape); /* one -1 allowed */
+rm_tensor *rm_reshape(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape);
+rm_tensor *rm_transpose(rm_ctx *ctx, rm_tensor *a, int64_t d0, int64_t d1);
+rm_tensor *rm_narrow(rm_ctx *ctx, rm_tensor *a, int64_t dim, int64_t start, int64_t len);
+rm_tensor *rm_expand(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape);
+rm_tensor *rm_select(rm_ctx *ctx, rm_tensor *a, int64_t dim, int64_t index);
+
+/* reductions (op_reduce.c): dim may be RM_DIM_ALL */
+rm_tensor *rm_sum(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim);
+rm_tensor *rm_mean(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim);
+/* Max values and (1-based) indices; indices may be NULL when not wanted. */
+rm_tensor *rm_max(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim, rm_tensor **indices);
+rm_tensor *rm_argmax(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim);
+/* Sums a over broadcast dimensions down to shape (the adjoint of broadcasting). */
+rm_tensor *rm_sum_to(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape);
+rm_tensor *rm_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim);
+rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim);
+
+/* matrix products (op_matmul.c) */
+rm_tensor *rm_matmul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b); /* 2-D, batched, broadcast batch */
+rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* x w^T + b; b may be NULL */
+
+/* normalisation (op_norm.c): over the last dimension; w, b may be NULL */
+rm_tensor *rm_layernorm(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b, double eps);
+rm_tensor *rm_rmsnorm(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, double eps);
+
+/* indexing (op_index.c) */
+rm_tensor *rm_index_select(rm_ctx *ctx, rm_tensor *a, int64_t dim, rm_tensor *idx);
+rm_tensor *rm_gather(rm_ctx *ctx, rm_tensor *a, int64_t dim, rm_tensor *idx);
+rm_tensor *rm_concat(rm_ctx *ctx, int n, rm_tensor *const *ts, int64_t dim);
+rm_tensor *rm_embedding(rm_ctx *ctx, rm_tensor *weight, rm_tensor *idx);
+rm_tensor *rm_causal_mask(rm_ctx *ctx, rm_tensor *scores); /* -inf above the diagonal */
+
+/* losses (op_loss.c): mean over the batch */
+rm_tensor *rm_cross_entropy(rm_ctx *ctx, rm_tensor *logits, rm_tensor *labels);
+rm_tensor *rm_mse(rm_ctx *ctx, rm_tensor *pred, rm_tensor *target);
+
+#endif

@@ -1,0 +1,54 @@
+/* Basic types shared by every layer of remat: status codes, dtypes, devices,
+ * memory categories and tensor metadata. No Lua here (core/ never sees lua.h). */
+#ifndef REMAT_TYPES_H
+#define REMAT_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#define RM_MAX_DIM 8
+
+typedef struct rm_ctx rm_ctx;
+typedef struct rm_tensor rm_tensor;
+typedef struct rm_node rm_node;
+
+/* Every fallible core function returns one of these; the message is on the ctx. */
+typedef enum {
+  RM_OK = 0,
+  RM_ERR_ARG,      /* bad argument: type, range, unknown name */
+  RM_ERR_SHAPE,    /* shapes do not agree */
+  RM_ERR_DTYPE,    /* dtypes do not agree or are not supported */
+  RM_ERR_DEVICE,   /* devices do not agree, or the device is unavailable */
+  RM_ERR_OOM,      /* allocation failed or exceeded the limit */
+  RM_ERR_IO,       /* file or format error */
+  RM_ERR_STATE,    /* freed tensor, released data, misuse of the tape */
+  RM_ERR_RUNTIME   /* backend failure (CUDA call, BLAS) */
+} rm_status;
+
+typedef enum { RM_F32 = 0, RM_F64, RM_BF16, RM_F16, RM_DTYPE_COUNT } rm_dtype;
+typedef enum { RM_CPU = 0, RM_CUDA, RM_DEVICE_COUNT } rm_device;
+
+/* Allocation categories: every byte of every storage is tagged with one. */
+typedef enum {
+  RM_CAT_PARAM = 0, RM_CAT_GRAD, RM_CAT_OPTIM, RM_CAT_ACTIVATION,
+  RM_CAT_WORKSPACE, RM_CAT_TEMP, RM_CAT_COUNT
+} rm_category;
+
+/* Shape and type of a tensor, without data (what an op's infer step produces). */
+typedef struct rm_meta {
+  rm_dtype dtype;
+  rm_device device;
+  int ndim;
+  int64_t shape[RM_MAX_DIM];
+} rm_meta;
+
+const char *rm_dtype_name(rm_dtype d);
+size_t rm_dtype_size(rm_dtype d);
+const char *rm_device_name(rm_device d);
+const char *rm_category_name(rm_category c);
+int64_t rm_meta_numel(const rm_meta *m);
+/* Writes "2x3x4" (or "scalar" for 0-d) into buf; returns buf. */
+char *rm_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+
+#endif

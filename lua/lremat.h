@@ -1,0 +1,35 @@
+/* Internal header of the Lua binding (lua/ files). Not part of the host API. */
+#ifndef REMAT_LREMAT_H
+#define REMAT_LREMAT_H
+
+#include <lua.h>
+#include <lauxlib.h>
+
+#include "../core/ops.h"
+#include "../core/remat.h"
+
+#define RM_TENSOR_MT "remat.Tensor"
+
+/* The userdata of a tensor: a hold on the tensor, NULL once freed. */
+typedef struct rm_ltensor {
+  rm_tensor *t;
+} rm_ltensor;
+
+/* The context this lua_State is bound to. */
+rm_ctx *rm_lua_ctx(lua_State *L);
+/* Raises a Lua error "<fn>: <ctx message>" located at the user's calling line. */
+int rm_lua_fail(lua_State *L, const char *fn);
+/* Raises a Lua error with a formatted message located at the user's calling line. */
+int rm_lua_errorf(lua_State *L, const char *fmt, ...);
+/* The tensor at idx; raises a clear error when it is not a tensor or was freed. */
+rm_tensor *rm_lua_check_tensor(lua_State *L, int idx, const char *fn);
+rm_tensor *rm_lua_test_tensor(lua_State *L, int idx);
+/* Pushes a userdata taking over the caller's hold on t (t NULL: raises ctx error). */
+void rm_lua_push_tensor(lua_State *L, rm_tensor *t, const char *fn);
+
+/* Registration of each binding file's functions into the C table at -1. */
+void rm_lua_open_tensor(lua_State *L);
+void rm_lua_open_nn(lua_State *L);
+void rm_lua_open_io(lua_State *L);
+
+#endif

@@ -1,0 +1,111 @@
+/* The `remat` command: runs a script, a chunk (-e), or a REPL. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lua.h>
+#include <lauxlib.h>
+#include <lualib.h>
+
+#include "../core/remat.h"
+
+int rm_repl(lua_State *L);
+
+static int usage(void) {
+  fputs("usage: remat [options] [script.lua [args...]]\n"
+        "  -e code   run code\n"
+        "  -v        print the version\n"
+        "  -h        this help\n"
+        "  remat plan SCRIPT [--budget B]   print a model script's checkpoint plan\n"
+        "With no script, remat starts a REPL.\n", stdout);
+  return 0;
+}
+
+/* Sets the global `arg` as lua does: script at 0, its arguments at 1.. */
+static void set_args(lua_State *L, char **argv, int argc, int script) {
+  lua_createtable(L, argc - script, script + 1);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script);
+  }
+  lua_setglobal(L, "arg");
+}
+
+static int report(lua_State *L, int status) {
+  if (status != LUA_OK) {
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "remat: %s\n", msg ? msg : "(error object is not a string)");
+    lua_pop(L, 1);
+  }
+  return status;
+}
+
+static int msgh(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+static int run_chunk(lua_State *L, int loadrc, int nargs) {
+  if (loadrc != LUA_OK) return report(L, loadrc);
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, msgh);
+  lua_insert(L, base);
+  int rc = lua_pcall(L, nargs, 0, base);
+  lua_remove(L, base);
+  return report(L, rc);
+}
+
+int main(int argc, char **argv) {
+  lua_State *L = luaL_newstate();
+  if (!L) { fputs("remat: cannot create a Lua state\n", stderr); return 1; }
+  luaL_openlibs(L);
+  luaL_requiref(L, "remat", luaopen_remat, 0);
+  lua_pop(L, 1);
+  int status = LUA_OK;
+  int i = 1;
+  for (; i < argc && argv[i][0] == '-'; i++) {
+    if (!strcmp(argv[i], "-v")) {
+      printf("remat %s (%s)\n", REMAT_VERSION, LUA_RELEASE);
+      if (argc == 2) { lua_close(L); return 0; }
+    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage();
+      lua_close(L);
+      return 0;
+    } else if (!strcmp(argv[i], "-e")) {
+      if (i + 1 >= argc) { fputs("remat: -e needs an argument\n", stderr); lua_close(L); return 1; }
+      set_args(L, argv, argc, 0);
+      status = run_chunk(L, luaL_loadbuffer(L, argv[i + 1], strlen(argv[i + 1]), "=(command line)"), 0);
+      i++;
+      if (status != LUA_OK) { lua_close(L); return 1; }
+      if (i + 1 >= argc) { lua_close(L); return 0; }
+    } else if (!strcmp(argv[i], "-")) {
+      break;
+    } else {
+      fprintf(stderr, "remat: unknown option %s\n", argv[i]);
+      usage();
+      lua_close(L);
+      return 1;
+    }
+  }
+  if (i < argc && !strcmp(argv[i], "plan")) {
+    set_args(L, argv, argc, i);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "remat.plancmd");
+    status = run_chunk(L, LUA_OK, 1);
+  } else if (i < argc) {
+    set_args(L, argv, argc, i);
+    int nargs = argc - i - 1;
+    int lrc = luaL_loadfile(L, argv[i]);
+    if (lrc == LUA_OK)
+      for (int k = i + 1; k < argc; k++) lua_pushstring(L, argv[k]);
+    else
+      nargs = 0;
+    status = run_chunk(L, lrc, nargs);
+  } else {
+    status = rm_repl(L);
+  }
+  lua_close(L);
+  return status == LUA_OK ? 0 : 1;
+}
