@@ -115,6 +115,7 @@ static int open_module(lua_State *L) {
   rm_lua_open_tensor(L);
   rm_lua_open_nn(L);
   rm_lua_open_io(L);
+  rm_lua_open_autograd(L);
   lua_setfield(L, -2, "_C");
   lua_pushliteral(L, REMAT_VERSION);
   lua_setfield(L, -2, "version");

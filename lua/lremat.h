@@ -31,5 +31,6 @@ void rm_lua_push_tensor(lua_State *L, rm_tensor *t, const char *fn);
 void rm_lua_open_tensor(lua_State *L);
 void rm_lua_open_nn(lua_State *L);
 void rm_lua_open_io(lua_State *L);
+void rm_lua_open_autograd(lua_State *L);
 
 #endif

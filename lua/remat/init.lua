@@ -1,4 +1,5 @@
 -- The remat module: loads the library's parts into the table luaopen_remat made.
 local remat = package.loaded.remat
 require "remat.tensor"
+require "remat.autograd"
 return remat

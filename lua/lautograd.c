@@ -1,0 +1,275 @@
+/* Autograd, generator, memory and registry functions of the binding. */
+#include <string.h>
+#include <time.h>
+
+#include "lremat.h"
+#include "../core/autograd.h"
+#include "../core/backend.h"
+
+/* C.requires_grad(t [, flag]) -> t (sets) or flag (gets when no flag is given) */
+static int l_requires_grad(lua_State *L) {
+  rm_tensor *t = rm_lua_check_tensor(L, 1, "requires_grad");
+  if (lua_isnone(L, 2)) {
+    lua_pushboolean(L, t->requires_grad);
+    return 1;
+  }
+  bool flag = lua_toboolean(L, 2);
+  if (!flag && t->grad_fn)
+    return rm_lua_errorf(L, "requires_grad: cannot switch off grad on a tensor computed by %s (use detach)",
+                         rm_op_name(t->grad_fn->op));
+  t->requires_grad = flag;
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* C.backward(t [, grad]) */
+static int l_backward(lua_State *L) {
+  rm_tensor *t = rm_lua_check_tensor(L, 1, "backward");
+  rm_tensor *g = lua_isnoneornil(L, 2) ? NULL : rm_lua_check_tensor(L, 2, "backward");
+  if (rm_backward(rm_lua_ctx(L), t, g) != RM_OK) return rm_lua_fail(L, "backward");
+  return 0;
+}
+
+/* C.grad(t) -> gradient tensor or nil */
+static int l_grad(lua_State *L) {
+  rm_tensor *t = rm_lua_check_tensor(L, 1, "grad");
+  if (!t->grad) return 0;
+  rm_tensor_hold(t->grad);
+  rm_lua_push_tensor(L, t->grad, "grad");
+  return 1;
+}
+
+/* C.set_grad(t, g or nil) */
+static int l_set_grad(lua_State *L) {
+  rm_tensor *t = rm_lua_check_tensor(L, 1, "grad");
+  rm_tensor *g = lua_isnoneornil(L, 2) ? NULL : rm_lua_check_tensor(L, 2, "grad");
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (g && (!rm_same_shape(g, t) || g->dtype != t->dtype || g->device != t->device))
+    return rm_lua_errorf(L, "grad: the gradient must match the tensor's shape, dtype and device");
+  if (g) rm_tensor_hold(g);
+  if (t->grad) rm_tensor_drop(ctx, t->grad);
+  t->grad = g;
+  return 0;
+}
+
+/* C.detach(t) -> a tensor sharing t's data with no history */
+static int l_detach(lua_State *L) {
+  rm_tensor *t = rm_lua_check_tensor(L, 1, "detach");
+  rm_lua_push_tensor(L, rm_tensor_alias(rm_lua_ctx(L), t), "detach");
+  return 1;
+}
+
+/* C.grad_enabled([flag]) -> previous flag */
+static int l_grad_enabled(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  lua_pushboolean(L, ctx->grad_enabled);
+  if (!lua_isnone(L, 1)) ctx->grad_enabled = lua_toboolean(L, 1);
+  return 1;
+}
+
+/* C.manual_seed(n): resets the generator (seed n, offset 0) */
+static int l_manual_seed(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  lua_Integer s = luaL_checkinteger(L, 1);
+  ctx->rng_seed = (uint64_t)s;
+  ctx->rng_offset = 0;
+  return 0;
+}
+
+/* C.rng_state() -> seed, offset ; C.set_rng_state(seed, offset) */
+static int l_rng_state(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  lua_pushinteger(L, (lua_Integer)ctx->rng_seed);
+  lua_pushinteger(L, (lua_Integer)ctx->rng_offset);
+  return 2;
+}
+
+static int l_set_rng_state(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  ctx->rng_seed = (uint64_t)luaL_checkinteger(L, 1);
+  ctx->rng_offset = (uint64_t)luaL_checkinteger(L, 2);
+  return 0;
+}
+
+/* C.op_list() -> { {name=, nin=, nout=, nvis=, differentiable=, internal=, view=, random=}, ... } */
+static int l_op_list(lua_State *L) {
+  lua_newtable(L);
+  for (int i = 0; i < RM_OP_COUNT; i++) {
+    const rm_op_def *d = rm_op_def_get((rm_op_id)i);
+    lua_newtable(L);
+    lua_pushstring(L, rm_op_name((rm_op_id)i));
+    lua_setfield(L, -2, "name");
+    lua_pushboolean(L, d != NULL);
+    lua_setfield(L, -2, "implemented");
+    if (d) {
+      lua_pushinteger(L, d->nin);
+      lua_setfield(L, -2, "nin");
+      lua_pushinteger(L, d->nvis);
+      lua_setfield(L, -2, "nvis");
+      lua_pushboolean(L, !(d->flags & RM_OPF_NODIFF) && d->backward != NULL);
+      lua_setfield(L, -2, "differentiable");
+      lua_pushboolean(L, (d->flags & RM_OPF_NODIFF) != 0);
+      lua_setfield(L, -2, "nodiff");
+      lua_pushboolean(L, (d->flags & RM_OPF_INTERNAL) != 0);
+      lua_setfield(L, -2, "internal");
+      lua_pushboolean(L, (d->flags & RM_OPF_VIEW) != 0);
+      lua_setfield(L, -2, "view");
+      lua_pushboolean(L, (d->flags & RM_OPF_RANDOM) != 0);
+      lua_setfield(L, -2, "random");
+    }
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* C.backend_ops(device) -> set of op names with a kernel on that device (or nil, err) */
+static int l_device_available(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  const char *dev = luaL_checkstring(L, 1);
+  rm_device d = !strcmp(dev, "cuda") ? RM_CUDA : RM_CPU;
+  const rm_backend *b = rm_backend_get(ctx, d);
+  lua_pushboolean(L, b != NULL);
+  if (!b) {
+    lua_pushstring(L, rm_errmsg(ctx));
+    rm_clear_error(ctx);
+    return 2;
+  }
+  return 1;
+}
+
+static int push_cats(lua_State *L, const size_t *v) {
+  lua_newtable(L);
+  for (int c = 0; c < RM_CAT_COUNT; c++) {
+    lua_pushinteger(L, (lua_Integer)v[c]);
+    lua_setfield(L, -2, rm_category_name((rm_category)c));
+  }
+  return 1;
+}
+
+static rm_device opt_device(lua_State *L, int idx) {
+  const char *dev = luaL_optstring(L, idx, "cpu");
+  if (!strcmp(dev, "cpu")) return RM_CPU;
+  if (!strcmp(dev, "cuda")) return RM_CUDA;
+  rm_lua_errorf(L, "memory: unknown device '%s' (cpu, cuda)", dev);
+  return RM_CPU;
+}
+
+/* C.memory_stats([device]) -> { live=, peak=, limit=, reserved=, allocs=, by_category=, peak_by_category= } */
+static int l_memory_stats(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  rm_memstats *m = &ctx->mem[opt_device(L, 1)];
+  lua_newtable(L);
+  lua_pushinteger(L, (lua_Integer)m->live_total);
+  lua_setfield(L, -2, "live");
+  lua_pushinteger(L, (lua_Integer)m->peak_total);
+  lua_setfield(L, -2, "peak");
+  if (m->limit) {
+    lua_pushinteger(L, (lua_Integer)m->limit);
+    lua_setfield(L, -2, "limit");
+  }
+  lua_pushinteger(L, (lua_Integer)m->reserved);
+  lua_setfield(L, -2, "reserved");
+  lua_pushinteger(L, (lua_Integer)m->n_allocs);
+  lua_setfield(L, -2, "allocs");
+  push_cats(L, m->live);
+  lua_setfield(L, -2, "by_category");
+  push_cats(L, m->peak);
+  lua_setfield(L, -2, "peak_by_category");
+  lua_pushinteger(L, ctx->live_tensors);
+  lua_setfield(L, -2, "tensors");
+  lua_pushinteger(L, ctx->live_nodes);
+  lua_setfield(L, -2, "nodes");
+  return 1;
+}
+
+/* C.memory_limit(bytes_or_string_or_nil [, device]) -> previous limit or nil */
+static int l_memory_limit(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  rm_device d = opt_device(L, 2);
+  size_t prev = ctx->mem[d].limit, v = 0;
+  if (lua_type(L, 1) == LUA_TSTRING) {
+    if (!rm_parse_bytes(lua_tostring(L, 1), &v))
+      return rm_lua_errorf(L, "memory.limit: cannot read '%s' as a size (examples: 1GiB, 512MiB, 1e9)", lua_tostring(L, 1));
+  } else if (lua_isinteger(L, 1) || lua_isnumber(L, 1)) {
+    lua_Number n = lua_tonumber(L, 1);
+    if (n < 0) return rm_lua_errorf(L, "memory.limit: the limit is negative");
+    v = (size_t)n;
+  } else if (!lua_isnoneornil(L, 1)) {
+    return rm_lua_errorf(L, "memory.limit: expected bytes, a string such as '1GiB', or nil; got %s", luaL_typename(L, 1));
+  }
+  ctx->mem[d].limit = v;
+  if (prev) lua_pushinteger(L, (lua_Integer)prev);
+  else lua_pushnil(L);
+  return 1;
+}
+
+/* C.parse_bytes(s) -> bytes or nil */
+static int l_parse_bytes(lua_State *L) {
+  size_t v;
+  if (lua_type(L, 1) == LUA_TNUMBER) {
+    lua_Number n = lua_tonumber(L, 1);
+    if (n < 0) return 0;
+    lua_pushinteger(L, (lua_Integer)n);
+    return 1;
+  }
+  if (!rm_parse_bytes(luaL_checkstring(L, 1), &v)) return 0;
+  lua_pushinteger(L, (lua_Integer)v);
+  return 1;
+}
+
+static int l_reset_peak(lua_State *L) {
+  rm_memory_reset_peak(rm_lua_ctx(L), opt_device(L, 1));
+  return 0;
+}
+
+/* C.fail_at(k): the k-th allocation from now fails (0: off) */
+static int l_fail_at(lua_State *L) {
+  lua_Integer k = luaL_checkinteger(L, 1);
+  if (k < 0) return rm_lua_errorf(L, "fail_at: k must be >= 0");
+  rm_memory_fail_at(rm_lua_ctx(L), (uint64_t)k);
+  return 0;
+}
+
+static int l_now(lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
+  return 1;
+}
+
+/* C.set_category(name) -> previous name: category of the next op outputs */
+static int l_set_category(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  lua_pushstring(L, rm_category_name(ctx->category));
+  const char *name = luaL_checkstring(L, 1);
+  for (int c = 0; c < RM_CAT_COUNT; c++)
+    if (!strcmp(name, rm_category_name((rm_category)c))) {
+      ctx->category = (rm_category)c;
+      return 1;
+    }
+  return rm_lua_errorf(L, "unknown memory category '%s'", name);
+}
+
+static const luaL_Reg fns[] = {
+  { "requires_grad", l_requires_grad },
+  { "backward", l_backward },
+  { "grad", l_grad },
+  { "set_grad", l_set_grad },
+  { "detach", l_detach },
+  { "grad_enabled", l_grad_enabled },
+  { "manual_seed", l_manual_seed },
+  { "rng_state", l_rng_state },
+  { "set_rng_state", l_set_rng_state },
+  { "op_list", l_op_list },
+  { "device_available", l_device_available },
+  { "memory_stats", l_memory_stats },
+  { "memory_limit", l_memory_limit },
+  { "parse_bytes", l_parse_bytes },
+  { "reset_peak", l_reset_peak },
+  { "fail_at", l_fail_at },
+  { "now", l_now },
+  { "set_category", l_set_category },
+  { NULL, NULL },
+};
+
+void rm_lua_open_autograd(lua_State *L) { luaL_setfuncs(L, fns, 0); }

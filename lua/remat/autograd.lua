@@ -1,0 +1,56 @@
+-- Autograd, the generator, memory accounting and timing, as Lua functions.
+local remat = package.loaded.remat
+local C = remat._C
+local Tensor = remat.Tensor
+
+-- t:requires_grad(flag) sets and returns t; t:requires_grad() tells.
+function Tensor:requires_grad(flag)
+  if flag == nil then return C.requires_grad(self) end
+  return C.requires_grad(self, flag)
+end
+
+function Tensor:backward(grad) C.backward(self, grad) end
+function Tensor:detach() return C.detach(self) end
+function Tensor:zero_grad() C.set_grad(self, nil) end
+
+-- Runs fn(...) with gradient recording off; returns what fn returns.
+function remat.no_grad(fn, ...)
+  if type(fn) ~= "function" then
+    error("remat.no_grad: expected a function, got " .. type(fn), 2)
+  end
+  local prev = C.grad_enabled(false)
+  local res = table.pack(pcall(fn, ...))
+  C.grad_enabled(prev)
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+
+function remat.grad_enabled() local g = C.grad_enabled() return g end
+
+function remat.manual_seed(n)
+  if math.type(n) ~= "integer" then
+    error("remat.manual_seed: expected an integer seed, got " .. tostring(n), 2)
+  end
+  C.manual_seed(n)
+end
+
+remat.now = C.now
+
+local memory = {}
+remat.memory = memory
+function memory.stats(device) return C.memory_stats(device) end
+function memory.reset_peak(device) C.reset_peak(device) end
+function memory.limit(bytes, device) return C.memory_limit(bytes, device) end
+function memory.fail_at(k) C.fail_at(k) end
+function memory.parse(s) return C.parse_bytes(s) end
+
+-- "1.50 MiB" from bytes.
+function memory.format(b)
+  local units = { "B", "KiB", "MiB", "GiB", "TiB" }
+  local u = 1
+  while b >= 1024 and u < #units do b = b / 1024; u = u + 1 end
+  if u == 1 then return string.format("%d B", b) end
+  return string.format("%.2f %s", b, units[u])
+end
+
+return true
