@@ -1,5 +1,7 @@
 /* Reductions (sum, mean, max, argmax, sum_to) and softmax / log_softmax.
- * Attrs: i[0] dim (0-based, normalised by infer; RM_DIM_ALL: every dim), i[1] keepdim. */
+ * Attrs: i[0] dim (0-based, negatives count from the end; RM_DIM_ALL: every dim),
+ * i[1] keepdim. sum_to: shape/ndim. softmax family: i[0] dim.
+ * Internal helpers: softmax_backward(y, g) and log_softmax_backward(y, g), i[0] dim. */
 #include <string.h>
 
 #include "ops.h"
@@ -31,6 +33,10 @@ rm_tensor *rm_max(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim, rm_tenso
 rm_tensor *rm_sum_to(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape) {
   rm_attrs at;
   rm_attrs_init(&at);
+  if (ndim < 0 || ndim > RM_MAX_DIM) {
+    rm_fail(ctx, RM_ERR_ARG, "sum_to: at most %d dimensions", RM_MAX_DIM);
+    return NULL;
+  }
   at.ndim = ndim;
   memcpy(at.shape, shape, sizeof(int64_t) * (size_t)ndim);
   return rm_op1(ctx, RM_OP_SUM_TO, 1, &a, &at);
@@ -38,3 +44,263 @@ rm_tensor *rm_sum_to(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape) 
 
 rm_tensor *rm_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return reduce(ctx, RM_OP_SOFTMAX, a, dim, false); }
 rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return reduce(ctx, RM_OP_LOG_SOFTMAX, a, dim, false); }
+
+/* ---- shapes ---- */
+
+/* Output meta of reducing `in` over attr dim (i[0]) with keepdim (i[1]); *d receives
+ * the normalised dim (-1: every dim). Raises on a dim out of range. */
+static int reduced_meta(rm_ctx *ctx, const char *op, rm_tensor *in, const rm_attrs *a,
+                        rm_meta *out, int *d) {
+  rm_tensor_meta(in, out);
+  bool keep = a->i[1] != 0;
+  if (a->i[0] == RM_DIM_ALL || in->ndim == 0) {
+    if (in->ndim == 0 && a->i[0] != RM_DIM_ALL && rm_check_dim(ctx, op, a->i[0], 0, d)) return ctx->err_code;
+    *d = -1;
+    if (keep) for (int k = 0; k < in->ndim; k++) out->shape[k] = 1;
+    else out->ndim = 0;
+    return RM_OK;
+  }
+  if (rm_check_dim(ctx, op, a->i[0], in->ndim, d)) return ctx->err_code;
+  if (keep) {
+    out->shape[*d] = 1;
+  } else {
+    for (int k = *d; k < in->ndim - 1; k++) out->shape[k] = out->shape[k + 1];
+    out->ndim--;
+  }
+  return RM_OK;
+}
+
+/* The reduced shape with the reduced dims kept as size 1 (for broadcasting back). */
+static void keepdim_shape(rm_tensor *in, int d, int64_t *shape) {
+  for (int k = 0; k < in->ndim; k++) shape[k] = (d < 0 || k == d) ? 1 : in->shape[k];
+}
+
+static int sum_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int d;
+  return reduced_meta(ctx, "sum", in[0], a, &out[0], &d);
+}
+
+static int mean_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int d;
+  return reduced_meta(ctx, "mean", in[0], a, &out[0], &d);
+}
+
+/* max / argmax: a max over nothing has no value (as in PyTorch, an error). */
+static int max_meta(rm_ctx *ctx, const char *op, rm_tensor *in, const rm_attrs *a, rm_meta *out) {
+  int d;
+  if (reduced_meta(ctx, op, in, a, out, &d)) return ctx->err_code;
+  int64_t n = d < 0 ? rm_tensor_numel(in) : in->shape[d];
+  if (n == 0 && (d < 0 || rm_meta_numel(out) > 0)) {
+    char s[96];
+    return rm_fail(ctx, RM_ERR_SHAPE, "%s: cannot reduce over an empty dimension (input %s)", op,
+                   rm_tensor_shape_str(in, s, sizeof s));
+  }
+  return RM_OK;
+}
+
+static int max_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  if (max_meta(ctx, "max", in[0], a, &out[0])) return ctx->err_code;
+  out[1] = out[0];
+  return RM_OK;
+}
+
+static int argmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  return max_meta(ctx, "argmax", in[0], a, &out[0]);
+}
+
+static int sum_to_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  rm_tensor *x = in[0];
+  int off = x->ndim - a->ndim;
+  bool ok = a->ndim >= 0 && off >= 0;
+  for (int d = 0; ok && d < a->ndim; d++)
+    ok = a->shape[d] >= 0 && (a->shape[d] == x->shape[d + off] || a->shape[d] == 1);
+  if (!ok) {
+    char s1[96], s2[96];
+    return rm_fail(ctx, RM_ERR_SHAPE, "sum_to: cannot sum %s down to %s (not a broadcast of it)",
+                   rm_tensor_shape_str(x, s1, sizeof s1), rm_shape_str(a->ndim, a->shape, s2, sizeof s2));
+  }
+  out[0].dtype = x->dtype;
+  out[0].device = x->device;
+  out[0].ndim = a->ndim;
+  memcpy(out[0].shape, a->shape, sizeof out[0].shape);
+  return RM_OK;
+}
+
+static int softmax_infer_named(rm_ctx *ctx, const char *op, rm_tensor *x, const rm_attrs *a, rm_meta *out) {
+  int d;
+  if (rm_check_dim(ctx, op, a->i[0], x->ndim, &d)) return ctx->err_code;
+  rm_tensor_meta(x, &out[0]);
+  return RM_OK;
+}
+
+static int softmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  return softmax_infer_named(ctx, "softmax", in[0], a, out);
+}
+
+static int log_softmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  return softmax_infer_named(ctx, "log_softmax", in[0], a, out);
+}
+
+/* (y, g) of the same shape, dtype and device. */
+static int softmax_bw_check(rm_ctx *ctx, const char *op, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  if (rm_check_same_device(ctx, op, 2, in) || rm_check_same_dtype(ctx, op, 2, in)) return ctx->err_code;
+  if (!rm_same_shape(in[0], in[1]) || in[0]->ndim != in[1]->ndim) {
+    char s1[96], s2[96];
+    return rm_fail(ctx, RM_ERR_SHAPE, "%s: output %s and gradient %s differ in shape", op,
+                   rm_tensor_shape_str(in[0], s1, sizeof s1), rm_tensor_shape_str(in[1], s2, sizeof s2));
+  }
+  return softmax_infer_named(ctx, op, in[0], a, out);
+}
+
+static int softmax_bw_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  return softmax_bw_check(ctx, "softmax_backward", in, a, out);
+}
+
+static int log_softmax_bw_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  return softmax_bw_check(ctx, "log_softmax_backward", in, a, out);
+}
+
+/* ---- backward rules ---- */
+
+/* g (a reduction result) broadcast back to x's shape as a new contiguous tensor;
+ * kshape is the reduced shape with size-1 dims kept. */
+static rm_tensor *spread(rm_ctx *ctx, rm_tensor *g, rm_tensor *x, const int64_t *kshape) {
+  rm_tensor *r = rm_reshape(ctx, g, x->ndim, kshape);
+  rm_tensor *e = r ? rm_expand(ctx, r, x->ndim, x->shape) : NULL;
+  rm_tensor *c = e ? rm_copy(ctx, e) : NULL;
+  rm_tensor_drop(ctx, r);
+  rm_tensor_drop(ctx, e);
+  return c;
+}
+
+static int norm_dim(rm_ctx *ctx, const rm_node *n) {
+  rm_tensor *x = n->in[0];
+  if (n->attrs.i[0] == RM_DIM_ALL || x->ndim == 0) return -1;
+  int d = -1;
+  rm_check_dim(ctx, rm_op_name(n->op), n->attrs.i[0], x->ndim, &d);
+  return d;
+}
+
+static int sum_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  int64_t ks[RM_MAX_DIM];
+  keepdim_shape(n->in[0], norm_dim(ctx, n), ks);
+  gin[0] = spread(ctx, g[0], n->in[0], ks);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+static int mean_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  int64_t ks[RM_MAX_DIM];
+  keepdim_shape(n->in[0], norm_dim(ctx, n), ks);
+  int64_t nx = rm_tensor_numel(n->in[0]), ng = rm_tensor_numel(g[0]);
+  double scale = nx && ng ? (double)ng / (double)nx : 0.0;
+  rm_tensor *s = rm_scalar_op(ctx, RM_OP_MUL_SCALAR, g[0], scale);
+  if (!s) return ctx->err_code;
+  gin[0] = spread(ctx, s, n->in[0], ks);
+  rm_tensor_drop(ctx, s);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+static int sum_to_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = n->in[0];
+  rm_tensor *e = rm_expand(ctx, g[0], x->ndim, x->shape);
+  gin[0] = e ? rm_copy(ctx, e) : NULL;
+  rm_tensor_drop(ctx, e);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* The gradient goes to the first maximum: g scattered at the saved indices into zeros
+ * of x's shape (scatter_add along the reduced dim; over every dim, on the flat view). */
+static int max_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = n->in[0];
+  rm_tensor *idx = rm_node_output(ctx, n, 1);
+  if (!idx) return ctx->err_code;
+  int d = norm_dim(ctx, n);
+  int64_t ks[RM_MAX_DIM], flat[1] = { rm_tensor_numel(x) }, one[1] = { 1 };
+  int kn = d < 0 ? 1 : x->ndim;
+  if (d < 0) ks[0] = 1;
+  else keepdim_shape(x, d, ks);
+  rm_tensor *gk = rm_reshape(ctx, g[0], kn, ks);
+  rm_tensor *ik = gk ? rm_reshape(ctx, idx, kn, ks) : NULL;
+  rm_tensor *z = ik ? rm_full(ctx, x->dtype, x->device, d < 0 ? 1 : x->ndim, d < 0 ? flat : x->shape, 0.0) : NULL;
+  rm_tensor *s = NULL;
+  if (z) {
+    rm_attrs at;
+    rm_attrs_init(&at);
+    at.i[0] = d < 0 ? 0 : d;
+    rm_tensor *in[3] = { z, ik, gk };
+    s = rm_op1(ctx, RM_OP_SCATTER_ADD, 3, in, &at);
+  }
+  (void)one;
+  rm_tensor_drop(ctx, gk);
+  rm_tensor_drop(ctx, ik);
+  rm_tensor_drop(ctx, z);
+  if (!s) return ctx->err_code;
+  gin[0] = d < 0 ? rm_reshape(ctx, s, x->ndim, x->shape) : s;
+  if (d < 0) rm_tensor_drop(ctx, s);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+static int softmax_like_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin,
+                                 rm_op_id bw) {
+  rm_tensor *y = rm_node_output(ctx, n, 0);
+  if (!y) return ctx->err_code;
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.i[0] = n->attrs.i[0];
+  rm_tensor *in[2] = { y, g[0] };
+  gin[0] = rm_op1(ctx, bw, 2, in, &at);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+static int softmax_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  return softmax_like_backward(ctx, n, g, gin, RM_OP_SOFTMAX_BACKWARD);
+}
+
+static int log_softmax_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  return softmax_like_backward(ctx, n, g, gin, RM_OP_LOG_SOFTMAX_BACKWARD);
+}
+
+/* ---- cost models ---- */
+
+static double in_numel_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)nin; (void)a; (void)out;
+  return (double)rm_tensor_numel(in[0]);
+}
+
+/* max, exp, sum, scale per element. */
+static double softmax_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)nin; (void)a; (void)out;
+  return 4.0 * (double)rm_tensor_numel(in[0]);
+}
+
+/* ---- definitions ---- */
+
+const rm_op_def rm_opdef_sum = { .name = "sum", .nin = 1, .nout = 1, .nvis = 1,
+  .infer = sum_infer, .backward = sum_backward, .flops = in_numel_flops };
+const rm_op_def rm_opdef_mean = { .name = "mean", .nin = 1, .nout = 1, .nvis = 1,
+  .infer = mean_infer, .backward = mean_backward, .flops = in_numel_flops };
+const rm_op_def rm_opdef_max = { .name = "max", .nin = 1, .nout = 2, .nvis = 2,
+  .save_out = 2, .nodiff_out = 2,
+  .infer = max_infer, .backward = max_backward, .flops = in_numel_flops };
+const rm_op_def rm_opdef_argmax = { .name = "argmax", .nin = 1, .nout = 1, .nvis = 1,
+  .flags = RM_OPF_NODIFF, .infer = argmax_infer, .flops = in_numel_flops };
+const rm_op_def rm_opdef_sum_to = { .name = "sum_to", .nin = 1, .nout = 1, .nvis = 1,
+  .infer = sum_to_infer, .backward = sum_to_backward, .flops = in_numel_flops };
+const rm_op_def rm_opdef_softmax = { .name = "softmax", .nin = 1, .nout = 1, .nvis = 1,
+  .save_out = 1, .infer = softmax_infer, .backward = softmax_backward, .flops = softmax_flops };
+const rm_op_def rm_opdef_log_softmax = { .name = "log_softmax", .nin = 1, .nout = 1, .nvis = 1,
+  .save_out = 1, .infer = log_softmax_infer, .backward = log_softmax_backward, .flops = softmax_flops };
+const rm_op_def rm_opdef_softmax_backward = { .name = "softmax_backward", .nin = 2, .nout = 1,
+  .nvis = 1, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL, .infer = softmax_bw_infer, .flops = softmax_flops };
+const rm_op_def rm_opdef_log_softmax_backward = { .name = "log_softmax_backward", .nin = 2,
+  .nout = 1, .nvis = 1, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL, .infer = log_softmax_bw_infer,
+  .flops = softmax_flops };

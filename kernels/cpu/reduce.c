@@ -1,0 +1,330 @@
+/* CPU kernels for reductions (sum, mean, sum_to, max, argmax) and softmax /
+ * log_softmax with their backward helpers. Inputs are contiguous (core copies strided
+ * views first). Sums accumulate in double and split work at fixed boundaries, so the
+ * result does not depend on the number of threads (replays are bit for bit). */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "../../core/ops.h"
+
+#define BLK 64                 /* columns accumulated together (fits in registers/L1) */
+#define SEG_CHUNK (1 << 16)    /* fixed chunk of a long contiguous sum */
+#define SEG_MAXCHUNKS 1024
+
+/* ---- geometry ---- */
+
+/* Dimension attr of a reduce op normalised to 0..ndim-1, or -1 for "every dim". */
+static int red_dim(const rm_tensor *t, int64_t dim) {
+  if (dim == RM_DIM_ALL || t->ndim == 0) return -1;
+  return (int)(dim < 0 ? dim + t->ndim : dim);
+}
+
+/* A contiguous tensor seen as merged runs of summed / kept dimensions (size-1 dims
+ * dropped). Output elements are the kept dims in order, contiguous. */
+typedef struct {
+  int m;
+  int64_t size[RM_MAX_DIM], istride[RM_MAX_DIM];
+  bool red[RM_MAX_DIM];
+} rgeo;
+
+static void geo_build(rgeo *g, int ndim, const int64_t *shape, const bool *red) {
+  int64_t st[RM_MAX_DIM];
+  rm_contiguous_strides(ndim, shape, st);
+  g->m = 0;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] == 1) continue;
+    int k = g->m;
+    if (k > 0 && g->red[k - 1] == red[d]) {
+      g->size[k - 1] *= shape[d];
+      g->istride[k - 1] = st[d];
+    } else {
+      g->size[k] = shape[d];
+      g->istride[k] = st[d];
+      g->red[k] = red[d];
+      g->m++;
+    }
+  }
+}
+
+/* Input offset of linear index q over the dims dims[0..nd-1] of g (row-major). */
+static int64_t geo_off(const rgeo *g, const int *dims, int nd, int64_t q) {
+  int64_t off = 0;
+  for (int k = nd - 1; k >= 0; k--) {
+    int64_t s = g->size[dims[k]];
+    off += (q % s) * g->istride[dims[k]];
+    q /= s;
+  }
+  return off;
+}
+
+/* ---- sum engine: out[e] = (sum of the summed dims) / div ---- */
+
+#define DEF_SEGSUM(T)                                                              \
+  static double segsum_##T(const T *p, int64_t n) {                                \
+    if (n < 2 * SEG_CHUNK || omp_in_parallel()) {                                  \
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;                                       \
+      int64_t i = 0;                                                               \
+      for (; i + 4 <= n; i += 4) { s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3]; } \
+      for (; i < n; i++) s0 += p[i];                                               \
+      return (s0 + s1) + (s2 + s3);                                                \
+    }                                                                              \
+    int64_t chunk = SEG_CHUNK;                                                     \
+    if ((n + chunk - 1) / chunk > SEG_MAXCHUNKS) chunk = (n + SEG_MAXCHUNKS - 1) / SEG_MAXCHUNKS; \
+    int64_t nc = (n + chunk - 1) / chunk;                                          \
+    double part[SEG_MAXCHUNKS];                                                    \
+    _Pragma("omp parallel for")                                                    \
+    for (int64_t c = 0; c < nc; c++) {                                             \
+      int64_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;                \
+      double s = 0;                                                                \
+      for (int64_t i = lo; i < hi; i++) s += p[i];                                 \
+      part[c] = s;                                                                 \
+    }                                                                              \
+    double s = 0;                                                                  \
+    for (int64_t c = 0; c < nc; c++) s += part[c];                                 \
+    return s;                                                                      \
+  }
+DEF_SEGSUM(float)
+DEF_SEGSUM(double)
+
+#define DEF_SUMENG(T)                                                                    \
+  static void sumeng_##T(const T *src, T *dst, int ndim, const int64_t *shape,           \
+                         const bool *red, int64_t nin, int64_t nout, double div) {      \
+    if (nout == 0) return;                                                               \
+    if (nin == 0) { for (int64_t e = 0; e < nout; e++) dst[e] = (T)(0.0 / div); return; } \
+    rgeo g;                                                                              \
+    geo_build(&g, ndim, shape, red);                                                     \
+    int kd[RM_MAX_DIM], rd[RM_MAX_DIM], nk = 0, nr = 0;                                  \
+    int64_t R = 1;                                                                       \
+    for (int k = 0; k < g.m; k++) {                                                      \
+      if (g.red[k]) rd[nr++] = k, R *= g.size[k];                                        \
+      else kd[nk++] = k;                                                                 \
+    }                                                                                    \
+    if (g.m == 0 || nr == 0) { /* nothing summed: a copy */                              \
+      for (int64_t e = 0; e < nout; e++) dst[e] = (T)(src[e] / div);                     \
+      return;                                                                            \
+    }                                                                                    \
+    if (!g.red[g.m - 1]) {                                                               \
+      /* innermost run kept: accumulate BLK output columns over all summed positions */  \
+      int64_t L = g.size[g.m - 1], rows = nout / L, nb = (L + BLK - 1) / BLK;            \
+      _Pragma("omp parallel for if (nin > RM_CPU_PAR_MIN)")                              \
+      for (int64_t t = 0; t < rows * nb; t++) {                                          \
+        int64_t q = t / nb, j0 = (t % nb) * BLK, jn = L - j0 < BLK ? L - j0 : BLK;       \
+        int64_t ioff = geo_off(&g, kd, nk - 1, q) + j0;                                  \
+        double acc[BLK] = { 0 };                                                         \
+        for (int64_t p = 0; p < R; p++) {                                                \
+          const T *b = src + ioff + geo_off(&g, rd, nr, p);                              \
+          for (int64_t j = 0; j < jn; j++) acc[j] += b[j];                               \
+        }                                                                                \
+        for (int64_t j = 0; j < jn; j++) dst[q * L + j0 + j] = (T)(acc[j] / div);        \
+      }                                                                                  \
+    } else {                                                                             \
+      /* innermost run summed: contiguous segments of length L */                        \
+      int64_t L = g.size[g.m - 1], R2 = R / L;                                           \
+      _Pragma("omp parallel for if (nout > 1 && nin > RM_CPU_PAR_MIN)")                  \
+      for (int64_t e = 0; e < nout; e++) {                                               \
+        int64_t ioff = geo_off(&g, kd, nk, e);                                           \
+        double acc = 0;                                                                  \
+        for (int64_t p = 0; p < R2; p++)                                                 \
+          acc += segsum_##T(src + ioff + geo_off(&g, rd, nr - 1, p), L);                 \
+        dst[e] = (T)(acc / div);                                                         \
+      }                                                                                  \
+    }                                                                                    \
+  }
+DEF_SUMENG(float)
+DEF_SUMENG(double)
+
+/* Sums in[0] over the dims flagged in red[], dividing by div, into out[0]. */
+static int sum_dims(rm_tensor *in, rm_tensor *out, const bool *red, double div) {
+  int64_t nin = rm_tensor_numel(in), nout = rm_tensor_numel(out);
+  if (in->dtype == RM_F64)
+    sumeng_double(rm_tensor_ptr(in), rm_tensor_ptr(out), in->ndim, in->shape, red, nin, nout, div);
+  else
+    sumeng_float(rm_tensor_ptr(in), rm_tensor_ptr(out), in->ndim, in->shape, red, nin, nout, div);
+  return RM_OK;
+}
+
+static void dims_of(const rm_tensor *t, int64_t dim, bool *red) {
+  int d = red_dim(t, dim);
+  for (int k = 0; k < t->ndim; k++) red[k] = d < 0 || k == d;
+}
+
+RM_CPU_KERNEL(sum) {
+  (void)ctx; (void)nin; (void)nout;
+  bool red[RM_MAX_DIM];
+  dims_of(in[0], a->i[0], red);
+  return sum_dims(in[0], out[0], red, 1.0);
+}
+
+RM_CPU_KERNEL(mean) {
+  (void)ctx; (void)nin; (void)nout;
+  bool red[RM_MAX_DIM];
+  dims_of(in[0], a->i[0], red);
+  int64_t no = rm_tensor_numel(out[0]);
+  double count = no ? (double)rm_tensor_numel(in[0]) / (double)no : 0.0;
+  return sum_dims(in[0], out[0], red, count);
+}
+
+RM_CPU_KERNEL(sum_to) {
+  (void)ctx; (void)nin; (void)nout;
+  bool red[RM_MAX_DIM];
+  int off = in[0]->ndim - a->ndim;
+  for (int d = 0; d < in[0]->ndim; d++)
+    red[d] = d < off || (a->shape[d - off] == 1 && in[0]->shape[d] != 1);
+  return sum_dims(in[0], out[0], red, 1.0);
+}
+
+/* ---- max / argmax: one column (stride s, n >= 1 elements) at a time ---- */
+
+/* outer / n / inner of a reduction over dim d (-1: all). */
+static void split3(const rm_tensor *t, int d, int64_t *outer, int64_t *n, int64_t *inner) {
+  *outer = 1; *inner = 1; *n = 1;
+  if (d < 0) { *n = rm_tensor_numel(t); return; }
+  for (int k = 0; k < t->ndim; k++) {
+    if (k < d) *outer *= t->shape[k];
+    else if (k > d) *inner *= t->shape[k];
+  }
+  *n = t->shape[d];
+}
+
+/* First maximum; a NaN wins over numbers (first NaN), as in PyTorch. */
+#define DEF_MAXCOL(T)                                                               \
+  static void maxcols_##T(const T *x, T *val, T *idx, int64_t outer, int64_t n,     \
+                          int64_t inner) {                                          \
+    int64_t cols = outer * inner;                                                   \
+    if (n == 0) return;                                                             \
+    _Pragma("omp parallel for if (cols * n > RM_CPU_PAR_MIN)")                      \
+    for (int64_t c = 0; c < cols; c++) {                                            \
+      const T *p = x + (c / inner) * n * inner + c % inner;                         \
+      T best = p[0];                                                                \
+      int64_t bi = 0;                                                               \
+      if (best == best)                                                             \
+        for (int64_t k = 1; k < n; k++) {                                           \
+          T v = p[k * inner];                                                       \
+          if (v > best) { best = v; bi = k; }                                       \
+          else if (v != v) { best = v; bi = k; break; }                             \
+        }                                                                           \
+      if (val) val[c] = best;                                                       \
+      if (idx) idx[c] = (T)(bi + 1);                                                \
+    }                                                                               \
+  }
+DEF_MAXCOL(float)
+DEF_MAXCOL(double)
+
+static int max_run(rm_tensor *x, int64_t dim, rm_tensor *val, rm_tensor *idx) {
+  int64_t outer, n, inner;
+  split3(x, red_dim(x, dim), &outer, &n, &inner);
+  if (x->dtype == RM_F64)
+    maxcols_double(rm_tensor_ptr(x), val ? rm_tensor_ptr(val) : NULL, idx ? rm_tensor_ptr(idx) : NULL,
+                   outer, n, inner);
+  else
+    maxcols_float(rm_tensor_ptr(x), val ? rm_tensor_ptr(val) : NULL, idx ? rm_tensor_ptr(idx) : NULL,
+                  outer, n, inner);
+  return RM_OK;
+}
+
+RM_CPU_KERNEL(max) {
+  (void)ctx; (void)nin; (void)nout;
+  return max_run(in[0], a->i[0], out[0], out[1]);
+}
+
+RM_CPU_KERNEL(argmax) {
+  (void)ctx; (void)nin; (void)nout;
+  return max_run(in[0], a->i[0], NULL, out[0]);
+}
+
+/* ---- softmax family: one column (n elements, stride s) per iteration ---- */
+
+/* Runs BODY for every column of the reduction over attr dim of in[0]; inside BODY, the
+ * column's offset is `base`, its length `n`, its stride `s`. */
+#define FOR_COLUMNS(t, dim, BODY)                                                   \
+  do {                                                                              \
+    int64_t outer_, n, s;                                                           \
+    split3(t, red_dim(t, dim), &outer_, &n, &s);                                    \
+    int64_t cols_ = outer_ * s;                                                     \
+    _Pragma("omp parallel for if (cols_ * n > RM_CPU_PAR_MIN)")                     \
+    for (int64_t c_ = 0; c_ < cols_; c_++) {                                        \
+      int64_t base = (c_ / s) * n * s + c_ % s;                                     \
+      BODY;                                                                         \
+    }                                                                               \
+  } while (0)
+
+#define SOFTMAX_BODY(T, EXP, LOG, logmode)                                          \
+  {                                                                                 \
+    const T *xp = x + base;                                                         \
+    T *yp = y + base;                                                               \
+    T m = -INFINITY;                                                                \
+    for (int64_t k = 0; k < n; k++) if (xp[k * s] > m) m = xp[k * s];               \
+    double sum = 0;                                                                 \
+    for (int64_t k = 0; k < n; k++) {                                               \
+      T e = EXP(xp[k * s] - m);                                                     \
+      if (!(logmode)) yp[k * s] = e;                                                \
+      sum += e;                                                                     \
+    }                                                                               \
+    if (logmode) {                                                                  \
+      T lse = m + (T)LOG((T)sum);                                                   \
+      for (int64_t k = 0; k < n; k++) yp[k * s] = xp[k * s] - lse;                  \
+    } else {                                                                        \
+      T inv = (T)(1.0 / sum);                                                       \
+      for (int64_t k = 0; k < n; k++) yp[k * s] *= inv;                             \
+    }                                                                               \
+  }
+
+static int softmax_run(rm_tensor *xt, rm_tensor *yt, int64_t dim, bool logmode) {
+  if (xt->dtype == RM_F64) {
+    const double *x = rm_tensor_ptr(xt);
+    double *y = rm_tensor_ptr(yt);
+    FOR_COLUMNS(xt, dim, SOFTMAX_BODY(double, exp, log, logmode));
+  } else {
+    const float *x = rm_tensor_ptr(xt);
+    float *y = rm_tensor_ptr(yt);
+    FOR_COLUMNS(xt, dim, SOFTMAX_BODY(float, expf, logf, logmode));
+  }
+  return RM_OK;
+}
+
+RM_CPU_KERNEL(softmax) {
+  (void)ctx; (void)nin; (void)nout;
+  return softmax_run(in[0], out[0], a->i[0], false);
+}
+
+RM_CPU_KERNEL(log_softmax) {
+  (void)ctx; (void)nin; (void)nout;
+  return softmax_run(in[0], out[0], a->i[0], true);
+}
+
+/* softmax: dx = y * (g - sum(g*y)); log_softmax: dx = g - exp(y) * sum(g). */
+#define SOFTMAX_BW_BODY(T, EXP, logmode)                                            \
+  {                                                                                 \
+    const T *yp = y + base, *gp = g + base;                                         \
+    T *dp = dx + base;                                                              \
+    double acc = 0;                                                                 \
+    for (int64_t k = 0; k < n; k++) acc += (logmode) ? gp[k * s] : gp[k * s] * yp[k * s]; \
+    T sv = (T)acc;                                                                  \
+    for (int64_t k = 0; k < n; k++)                                                 \
+      dp[k * s] = (logmode) ? gp[k * s] - EXP(yp[k * s]) * sv : yp[k * s] * (gp[k * s] - sv); \
+  }
+
+static int softmax_bw_run(rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, int64_t dim, bool logmode) {
+  if (yt->dtype == RM_F64) {
+    const double *y = rm_tensor_ptr(yt), *g = rm_tensor_ptr(gt);
+    double *dx = rm_tensor_ptr(dt);
+    FOR_COLUMNS(yt, dim, SOFTMAX_BW_BODY(double, exp, logmode));
+  } else {
+    const float *y = rm_tensor_ptr(yt), *g = rm_tensor_ptr(gt);
+    float *dx = rm_tensor_ptr(dt);
+    FOR_COLUMNS(yt, dim, SOFTMAX_BW_BODY(float, expf, logmode));
+  }
+  return RM_OK;
+}
+
+RM_CPU_KERNEL(softmax_backward) {
+  (void)ctx; (void)nin; (void)nout;
+  return softmax_bw_run(in[0], in[1], out[0], a->i[0], false);
+}
+
+RM_CPU_KERNEL(log_softmax_backward) {
+  (void)ctx; (void)nin; (void)nout;
+  return softmax_bw_run(in[0], in[1], out[0], a->i[0], true);
+}
