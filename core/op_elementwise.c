@@ -1,5 +1,13 @@
 /* Elementwise ops: broadcasting binary ops, scalar ops, unary math and activations,
- * comparisons, where, copy, cast and fill, with their backward rules. */
+ * comparisons, where, copy, cast and fill, with their backward rules and costs.
+ *
+ * Binary ops, comparisons and where broadcast their inputs (numpy rules; the default
+ * infer step of core/op.c checks devices, dtypes and shapes and names the op). Scalar
+ * ops read attrs f[0]. Comparisons give 1.0/0.0 in the input dtype. Backward rules are
+ * written with the wrappers below, so they run on every backend; what each rule reads
+ * is declared in its op's save_in/save_out, chosen to keep as little as possible
+ * (ops whose derivative is a function of their output keep the output only). */
+#include <math.h>
 #include <string.h>
 
 #include "ops.h"
@@ -67,7 +75,7 @@ rm_tensor *rm_full_like(rm_ctx *ctx, rm_tensor *a, double value) {
   return rm_full(ctx, a->dtype, a->device, a->ndim, a->shape, value);
 }
 
-/* ---- backward rules ---- */
+/* ---- backward helpers ---- */
 
 /* g reduced to x's shape (undoes broadcasting). */
 static rm_tensor *unbroadcast(rm_ctx *ctx, rm_tensor *g, rm_tensor *x) {
@@ -75,13 +83,36 @@ static rm_tensor *unbroadcast(rm_ctx *ctx, rm_tensor *g, rm_tensor *x) {
   return rm_sum_to(ctx, g, x->ndim, x->shape);
 }
 
-/* Sets gin[i] = unbroadcast(t) and drops t. */
+/* Sets gin[i] = unbroadcast(t) and drops t (t NULL: the error of whatever made it). */
 static int give(rm_ctx *ctx, rm_node *n, int i, rm_tensor *t, rm_tensor **gin) {
   if (!t) return ctx->err_code;
   gin[i] = unbroadcast(ctx, t, n->in[i]);
   rm_tensor_drop(ctx, t);
   return gin[i] ? RM_OK : ctx->err_code;
 }
+
+/* Drops up to four temporaries (NULL is fine). */
+static void drop4(rm_ctx *ctx, rm_tensor *a, rm_tensor *b, rm_tensor *c, rm_tensor *d) {
+  rm_tensor_drop(ctx, a);
+  rm_tensor_drop(ctx, b);
+  rm_tensor_drop(ctx, c);
+  rm_tensor_drop(ctx, d);
+}
+
+/* A 0-d tensor holding v, of t's dtype and device (broadcasts against anything). */
+static rm_tensor *scalar_like(rm_ctx *ctx, rm_tensor *t, double v) {
+  return rm_full(ctx, t->dtype, t->device, 0, NULL, v);
+}
+
+/* g * t for one input's gradient (t dropped); NULL t passes its error on. */
+static rm_tensor *times(rm_ctx *ctx, rm_tensor *g, rm_tensor *t) {
+  if (!t) return NULL;
+  rm_tensor *r = rm_mul(ctx, g, t);
+  rm_tensor_drop(ctx, t);
+  return r;
+}
+
+/* ---- binary rules ---- */
 
 static int add_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   for (int i = 0; i < 2; i++)
@@ -123,21 +154,74 @@ static int div_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor 
     rm_tensor *q2 = q ? rm_div(ctx, q, b) : NULL;
     rm_tensor *t = q2 ? rm_mul(ctx, g[0], q2) : NULL;
     rm_tensor *nt = t ? rm_unary(ctx, RM_OP_NEG, t) : NULL;
-    rm_tensor_drop(ctx, q);
-    rm_tensor_drop(ctx, q2);
-    rm_tensor_drop(ctx, t);
+    drop4(ctx, q, q2, t, NULL);
     if (give(ctx, n, 1, nt, gin)) return ctx->err_code;
   }
   return RM_OK;
 }
 
-static int neg_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
-  (void)n;
-  gin[0] = rm_unary(ctx, RM_OP_NEG, g[0]);
-  return gin[0] ? RM_OK : ctx->err_code;
+/* d(a^b)/da = b a^(b-1); d(a^b)/db = a^b log a, taken as 0 where a^b is 0 (a = 0, b > 0:
+ * the limit, where the formula would give 0 * -inf). a^b is recomputed rather than
+ * saved: it is one cheap op, and keeping only the inputs halves what the node holds. */
+static int pow_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *a = rm_node_input(ctx, n, 0), *b = a ? rm_node_input(ctx, n, 1) : NULL;
+  if (!b) return ctx->err_code;
+  if (rm_node_needs_grad(n, 0)) {
+    rm_tensor *bm1 = rm_scalar_op(ctx, RM_OP_ADD_SCALAR, b, -1.0);
+    rm_tensor *p = bm1 ? rm_binary(ctx, RM_OP_POW, a, bm1) : NULL;
+    rm_tensor *d = p ? rm_mul(ctx, b, p) : NULL;
+    drop4(ctx, bm1, p, NULL, NULL);
+    if (give(ctx, n, 0, times(ctx, g[0], d), gin)) return ctx->err_code;
+  }
+  if (rm_node_needs_grad(n, 1)) {
+    rm_tensor *p = rm_binary(ctx, RM_OP_POW, a, b);
+    rm_tensor *la = p ? rm_unary(ctx, RM_OP_LOG, a) : NULL;
+    rm_tensor *d = la ? rm_mul(ctx, p, la) : NULL;
+    rm_tensor *zero = d ? scalar_like(ctx, a, 0.0) : NULL;
+    rm_tensor *isz = zero ? rm_binary(ctx, RM_OP_EQ, p, zero) : NULL;
+    rm_tensor *dz = isz ? rm_where(ctx, isz, zero, d) : NULL;
+    drop4(ctx, p, la, d, zero);
+    rm_tensor_drop(ctx, isz);
+    if (give(ctx, n, 1, times(ctx, g[0], dz), gin)) return ctx->err_code;
+  }
+  return RM_OK;
 }
 
-static int add_scalar_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+/* The gradient goes to the larger input; on a tie it is split evenly (the
+ * subgradient that keeps maximum(x, x) = x with gradient 1). */
+static int maximum_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *a = rm_node_input(ctx, n, 0), *b = a ? rm_node_input(ctx, n, 1) : NULL;
+  if (!b) return ctx->err_code;
+  for (int i = 0; i < 2; i++) {
+    if (!rm_node_needs_grad(n, i)) continue;
+    rm_tensor *x = i ? b : a, *y = i ? a : b;
+    rm_tensor *gt = rm_binary(ctx, RM_OP_GT, x, y);
+    rm_tensor *eq = gt ? rm_binary(ctx, RM_OP_EQ, x, y) : NULL;
+    rm_tensor *half = eq ? rm_scalar_op(ctx, RM_OP_MUL_SCALAR, eq, 0.5) : NULL;
+    rm_tensor *w = half ? rm_add(ctx, gt, half) : NULL;
+    drop4(ctx, gt, eq, half, NULL);
+    if (give(ctx, n, i, times(ctx, g[0], w), gin)) return ctx->err_code;
+  }
+  return RM_OK;
+}
+
+/* where(cond, a, b): the gradient flows to a where cond != 0, to b elsewhere; cond is a
+ * selector and gets none. */
+static int where_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *cond = rm_node_input(ctx, n, 0);
+  if (!cond) return ctx->err_code;
+  rm_tensor *zero = scalar_like(ctx, g[0], 0.0);
+  if (!zero) return ctx->err_code;
+  int rc = RM_OK;
+  if (rm_node_needs_grad(n, 1)) rc = give(ctx, n, 1, rm_where(ctx, cond, g[0], zero), gin);
+  if (!rc && rm_node_needs_grad(n, 2)) rc = give(ctx, n, 2, rm_where(ctx, cond, zero, g[0]), gin);
+  rm_tensor_drop(ctx, zero);
+  return rc;
+}
+
+/* ---- scalar rules (f[0] = s) ---- */
+
+static int pass_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   (void)ctx; (void)n;
   rm_tensor_hold(g[0]);
   gin[0] = g[0];
@@ -149,16 +233,129 @@ static int mul_scalar_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_
   return gin[0] ? RM_OK : ctx->err_code;
 }
 
-static int copy_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
-  (void)ctx; (void)n;
-  rm_tensor_hold(g[0]);
-  gin[0] = g[0];
-  return RM_OK;
+/* d(x^s)/dx = s x^(s-1) */
+static int pow_scalar_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = rm_node_input(ctx, n, 0);
+  if (!x) return ctx->err_code;
+  double s = n->attrs.f[0];
+  rm_tensor *p = rm_scalar_op(ctx, RM_OP_POW_SCALAR, x, s - 1.0);
+  rm_tensor *d = p ? rm_scalar_op(ctx, RM_OP_MUL_SCALAR, p, s) : NULL;
+  rm_tensor_drop(ctx, p);
+  gin[0] = times(ctx, g[0], d);
+  return gin[0] ? RM_OK : ctx->err_code;
 }
+
+/* d(s/x)/dx = -s / x^2 */
+static int rdiv_scalar_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = rm_node_input(ctx, n, 0);
+  if (!x) return ctx->err_code;
+  rm_tensor *p = rm_scalar_op(ctx, RM_OP_POW_SCALAR, x, -2.0);
+  rm_tensor *d = p ? rm_scalar_op(ctx, RM_OP_MUL_SCALAR, p, -n->attrs.f[0]) : NULL;
+  rm_tensor_drop(ctx, p);
+  gin[0] = times(ctx, g[0], d);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* ---- unary rules ---- */
+
+static int neg_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  (void)n;
+  gin[0] = rm_unary(ctx, RM_OP_NEG, g[0]);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* exp' = exp: reads the output. */
+static int exp_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *y = rm_node_output(ctx, n, 0);
+  if (!y) return ctx->err_code;
+  gin[0] = rm_mul(ctx, g[0], y);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+static int log_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = rm_node_input(ctx, n, 0);
+  if (!x) return ctx->err_code;
+  gin[0] = rm_div(ctx, g[0], x);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* tanh' = 1 - y^2, as g - g y y. */
+static int tanh_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *y = rm_node_output(ctx, n, 0);
+  if (!y) return ctx->err_code;
+  rm_tensor *gy = rm_mul(ctx, g[0], y);
+  rm_tensor *gyy = gy ? rm_mul(ctx, gy, y) : NULL;
+  gin[0] = gyy ? rm_sub(ctx, g[0], gyy) : NULL;
+  drop4(ctx, gy, gyy, NULL, NULL);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* sqrt' = 1 / (2 y). */
+static int sqrt_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *y = rm_node_output(ctx, n, 0);
+  if (!y) return ctx->err_code;
+  rm_tensor *q = rm_div(ctx, g[0], y);
+  gin[0] = q ? rm_scalar_op(ctx, RM_OP_MUL_SCALAR, q, 0.5) : NULL;
+  rm_tensor_drop(ctx, q);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* abs' = sign(x), 0 at 0. */
+static int abs_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = rm_node_input(ctx, n, 0);
+  if (!x) return ctx->err_code;
+  rm_tensor *zero = scalar_like(ctx, x, 0.0);
+  rm_tensor *pos = zero ? rm_binary(ctx, RM_OP_GT, x, zero) : NULL;
+  rm_tensor *neg = pos ? rm_binary(ctx, RM_OP_LT, x, zero) : NULL;
+  rm_tensor *sign = neg ? rm_sub(ctx, pos, neg) : NULL;
+  drop4(ctx, zero, pos, neg, NULL);
+  gin[0] = times(ctx, g[0], sign);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* relu' = [y > 0]: the output tells as much as the input. */
+static int relu_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *y = rm_node_output(ctx, n, 0);
+  if (!y) return ctx->err_code;
+  rm_tensor *zero = scalar_like(ctx, y, 0.0);
+  rm_tensor *mask = zero ? rm_binary(ctx, RM_OP_GT, y, zero) : NULL;
+  rm_tensor_drop(ctx, zero);
+  gin[0] = times(ctx, g[0], mask);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* sigmoid' = y (1 - y), as g y - g y y. */
+static int sigmoid_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *y = rm_node_output(ctx, n, 0);
+  if (!y) return ctx->err_code;
+  rm_tensor *gy = rm_mul(ctx, g[0], y);
+  rm_tensor *gyy = gy ? rm_mul(ctx, gy, y) : NULL;
+  gin[0] = gyy ? rm_sub(ctx, gy, gyy) : NULL;
+  drop4(ctx, gy, gyy, NULL, NULL);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* gelu and silu: one fused internal op on (x, g). */
+static int fused_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin,
+                          rm_op_id op) {
+  rm_tensor *x = rm_node_input(ctx, n, 0);
+  if (!x) return ctx->err_code;
+  gin[0] = rm_binary(ctx, op, x, g[0]);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+static int gelu_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  return fused_backward(ctx, n, g, gin, RM_OP_GELU_BACKWARD);
+}
+static int silu_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  return fused_backward(ctx, n, g, gin, RM_OP_SILU_BACKWARD);
+}
+
+/* ---- copy, cast, fill ---- */
 
 static int cast_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   (void)nin;
-  if (a->i[0] < 0 || a->i[0] >= RM_DTYPE_COUNT) return rm_fail(ctx, RM_ERR_DTYPE, "cast: unknown dtype");
+  if (a->i[0] < 0 || a->i[0] >= RM_DTYPE_COUNT)
+    return rm_fail(ctx, RM_ERR_DTYPE, "cast: unknown dtype %lld", (long long)a->i[0]);
   rm_tensor_meta(in[0], &out[0]);
   out[0].dtype = (rm_dtype)a->i[0];
   return RM_OK;
@@ -171,8 +368,12 @@ static int cast_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor
 
 static int fill_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   (void)nin; (void)in;
-  if (a->i[0] < 0 || a->i[0] >= RM_DTYPE_COUNT) return rm_fail(ctx, RM_ERR_DTYPE, "fill: unknown dtype");
-  if (a->i[1] < 0 || a->i[1] >= RM_DEVICE_COUNT) return rm_fail(ctx, RM_ERR_DEVICE, "fill: unknown device");
+  if (a->i[0] < 0 || a->i[0] >= RM_DTYPE_COUNT)
+    return rm_fail(ctx, RM_ERR_DTYPE, "fill: unknown dtype %lld", (long long)a->i[0]);
+  if (a->i[1] < 0 || a->i[1] >= RM_DEVICE_COUNT)
+    return rm_fail(ctx, RM_ERR_DEVICE, "fill: unknown device %lld", (long long)a->i[1]);
+  if (a->ndim < 0 || a->ndim > RM_MAX_DIM)
+    return rm_fail(ctx, RM_ERR_ARG, "fill: at most %d dimensions", RM_MAX_DIM);
   out[0].dtype = (rm_dtype)a->i[0];
   out[0].device = (rm_device)a->i[1];
   out[0].ndim = a->ndim;
@@ -183,25 +384,84 @@ static int fill_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs
   return RM_OK;
 }
 
+/* ---- cost models: FLOPs per output element where one is wrong ---- */
+
+#define COST(nm, k) \
+  static double nm##_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) { \
+    (void)nin; (void)in; (void)a;                                                                   \
+    return (k) * (double)rm_meta_numel(&out[0]);                                                    \
+  }
+COST(pow, 20)
+COST(pow_scalar, 20)
+COST(exp, 8)
+COST(log, 8)
+COST(tanh, 10)
+COST(sqrt, 4)
+COST(gelu, 20)
+COST(silu, 12)
+COST(sigmoid, 10)
+COST(gelu_backward, 25)
+COST(silu_backward, 16)
+COST(where, 1)
+COST(data_movement, 0)
+#undef COST
+
 /* ---- definitions ---- */
 
-#define BINARY(nm, bw, save) \
+#define EW_BINARY (RM_OPF_STRIDED | RM_OPF_BROADCAST)
+#define BINARY(nm, bw, save, fl) \
   const rm_op_def rm_opdef_##nm = { .name = #nm, .nin = 2, .nout = 1, .nvis = 1, \
-    .flags = RM_OPF_STRIDED | RM_OPF_BROADCAST, .save_in = save, .backward = bw };
-#define UNARY(nm, bw, sin, sout) \
+    .flags = EW_BINARY, .save_in = save, .backward = bw, .flops = fl };
+#define COMPARE(nm) \
+  const rm_op_def rm_opdef_##nm = { .name = #nm, .nin = 2, .nout = 1, .nvis = 1, \
+    .flags = EW_BINARY | RM_OPF_NODIFF };
+#define UNARY(nm, bw, sin, sout, fl) \
   const rm_op_def rm_opdef_##nm = { .name = #nm, .nin = 1, .nout = 1, .nvis = 1, \
-    .flags = RM_OPF_STRIDED, .save_in = sin, .save_out = sout, .backward = bw };
+    .flags = RM_OPF_STRIDED, .save_in = sin, .save_out = sout, .backward = bw, .flops = fl };
 
-BINARY(add, add_backward, 0)
-BINARY(sub, sub_backward, 0)
-BINARY(mul, mul_backward, 3)
-BINARY(div, div_backward, 3)
-UNARY(neg, neg_backward, 0, 0)
-UNARY(add_scalar, add_scalar_backward, 0, 0)
-UNARY(mul_scalar, mul_scalar_backward, 0, 0)
-UNARY(copy, copy_backward, 0, 0)
+BINARY(add, add_backward, 0, NULL)
+BINARY(sub, sub_backward, 0, NULL)
+BINARY(mul, mul_backward, 3, NULL)
+BINARY(div, div_backward, 3, NULL)
+BINARY(pow, pow_backward, 3, pow_flops)
+BINARY(maximum, maximum_backward, 3, NULL)
 
+COMPARE(eq)
+COMPARE(ne)
+COMPARE(lt)
+COMPARE(le)
+COMPARE(gt)
+COMPARE(ge)
+
+UNARY(add_scalar, pass_backward, 0, 0, NULL)
+UNARY(mul_scalar, mul_scalar_backward, 0, 0, NULL)
+UNARY(pow_scalar, pow_scalar_backward, 1, 0, pow_scalar_flops)
+UNARY(rdiv_scalar, rdiv_scalar_backward, 1, 0, NULL)
+
+UNARY(neg, neg_backward, 0, 0, NULL)
+UNARY(exp, exp_backward, 0, 1, exp_flops)
+UNARY(log, log_backward, 1, 0, log_flops)
+UNARY(tanh, tanh_backward, 0, 1, tanh_flops)
+UNARY(sqrt, sqrt_backward, 0, 1, sqrt_flops)
+UNARY(abs, abs_backward, 1, 0, NULL)
+UNARY(relu, relu_backward, 0, 1, NULL)
+UNARY(gelu, gelu_backward, 1, 0, gelu_flops)
+UNARY(silu, silu_backward, 1, 0, silu_flops)
+UNARY(sigmoid, sigmoid_backward, 0, 1, sigmoid_flops)
+UNARY(copy, pass_backward, 0, 0, data_movement_flops)
+
+const rm_op_def rm_opdef_where = { .name = "where", .nin = 3, .nout = 1, .nvis = 1,
+  .flags = EW_BINARY, .save_in = 1, .backward = where_backward, .flops = where_flops };
+
+/* gelu_backward(x, g) = g gelu'(x); silu_backward(x, g) = g silu'(x). */
+const rm_op_def rm_opdef_gelu_backward = { .name = "gelu_backward", .nin = 2, .nout = 1, .nvis = 1,
+  .flags = EW_BINARY | RM_OPF_NODIFF | RM_OPF_INTERNAL, .flops = gelu_backward_flops };
+const rm_op_def rm_opdef_silu_backward = { .name = "silu_backward", .nin = 2, .nout = 1, .nvis = 1,
+  .flags = EW_BINARY | RM_OPF_NODIFF | RM_OPF_INTERNAL, .flops = silu_backward_flops };
+
+/* cast: i[0] = target dtype. fill: f[0] value, i[0] dtype, i[1] device, shape. */
 const rm_op_def rm_opdef_cast = { .name = "cast", .nin = 1, .nout = 1, .nvis = 1,
-  .flags = RM_OPF_STRIDED, .infer = cast_infer, .backward = cast_backward };
+  .flags = RM_OPF_STRIDED, .infer = cast_infer, .backward = cast_backward,
+  .flops = data_movement_flops };
 const rm_op_def rm_opdef_fill = { .name = "fill", .nin = 0, .nout = 1, .nvis = 1,
-  .flags = RM_OPF_NODIFF, .infer = fill_infer };
+  .flags = RM_OPF_NODIFF, .infer = fill_infer, .flops = data_movement_flops };

@@ -1,99 +1,339 @@
 /* CPU kernels for elementwise ops. Inputs arrive as strided views already broadcast to
- * the output shape; outputs are contiguous. Fast path when every input is contiguous. */
+ * the output shape (stride 0 along broadcast dims); outputs are contiguous.
+ *
+ * Two paths: when every input is contiguous, one flat loop (OpenMP + SIMD); otherwise a
+ * strided walk (ew_walk) that merges dims, then runs the innermost dim with
+ * its own stride in blocks, so no per-element offset arithmetic is done.
+ *
+ * NaN and infinities propagate as IEEE arithmetic does, with these choices: relu(NaN) and
+ * maximum(NaN, x) are NaN; gelu/silu and their derivatives take their limits at +-inf
+ * (gelu(-inf) = 0, gelu'(+inf) = 1, ...) rather than the NaN of inf * 0. */
 #include <math.h>
+#include <tgmath.h>
 
 #include "cpu.h"
 
-/* Applies EXPR (over a, b: the elements of in[0], in[1]) for every output element. */
-#define BINARY_LOOP(T, EXPR)                                                         \
-  do {                                                                               \
-    const T *pa = rm_tensor_ptr(in[0]), *pb = rm_tensor_ptr(in[1]);                  \
-    T *po = rm_tensor_ptr(out[0]);                                                   \
-    int64_t n = rm_tensor_numel(out[0]);                                             \
-    if (rm_tensor_is_contiguous(in[0]) && rm_tensor_is_contiguous(in[1])) {          \
-      _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                            \
-      for (int64_t i = 0; i < n; i++) { T a_ = pa[i], b_ = pb[i]; po[i] = (EXPR); }  \
-    } else {                                                                         \
-      _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                            \
-      for (int64_t i = 0; i < n; i++) {                                              \
-        T a_ = pa[rm_cpu_offset(in[0], i)], b_ = pb[rm_cpu_offset(in[1], i)];        \
-        po[i] = (EXPR);                                                              \
-      }                                                                              \
-    }                                                                                \
-  } while (0)
+/* ---- scalar functions (float and double; tgmath picks expf/exp etc.) ---- */
 
-#define UNARY_LOOP(T, EXPR)                                                          \
-  do {                                                                               \
-    const T *pa = rm_tensor_ptr(in[0]);                                              \
-    T *po = rm_tensor_ptr(out[0]);                                                   \
-    int64_t n = rm_tensor_numel(out[0]);                                             \
-    if (rm_tensor_is_contiguous(in[0])) {                                            \
-      _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                            \
-      for (int64_t i = 0; i < n; i++) { T a_ = pa[i]; po[i] = (EXPR); }              \
-    } else {                                                                         \
-      _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                            \
-      for (int64_t i = 0; i < n; i++) { T a_ = pa[rm_cpu_offset(in[0], i)]; po[i] = (EXPR); } \
-    }                                                                                \
-  } while (0)
-
-#define DEFINE_BINARY(name, EXPR)                                          \
-  RM_CPU_KERNEL(name) {                                                    \
-    (void)ctx; (void)nin; (void)nout; (void)a;                             \
-    if (out[0]->dtype == RM_F64) BINARY_LOOP(double, EXPR);                \
-    else BINARY_LOOP(float, EXPR);                                         \
-    return RM_OK;                                                          \
+#define DEF_FNS(T, S)                                                                   \
+  static inline T relu_##S(T x) { return x < 0 ? (T)0 : x; }                           \
+  static inline T max_##S(T a, T b) { return (a > b || a != a) ? a : b; }              \
+  static inline T sigmoid_##S(T x) { return (T)1 / ((T)1 + exp(-x)); }                 \
+  static inline T silu_##S(T x) {                                                      \
+    return isinf(x) ? (x > 0 ? x : (T)0) : x / ((T)1 + exp(-x));                       \
+  }                                                                                    \
+  static inline T gelu_##S(T x) {                                                      \
+    /* 0.5 x erfc(-x/sqrt 2) = x Phi(x), accurate in the left tail too */             \
+    return isinf(x) ? (x > 0 ? x : (T)0) : (T)0.5 * x * erfc(-x * (T)M_SQRT1_2);       \
+  }                                                                                    \
+  static inline T gelu_grad_##S(T x) {                                                 \
+    /* Phi(x) + x phi(x) */                                                            \
+    if (isinf(x)) return x > 0 ? (T)1 : (T)0;                                          \
+    return (T)0.5 * erfc(-x * (T)M_SQRT1_2) +                                          \
+           x * exp((T)-0.5 * x * x) * (T)0.3989422804014327;                           \
+  }                                                                                    \
+  static inline T silu_grad_##S(T x) {                                                 \
+    /* s (1 + x (1 - s)), s = sigmoid(x) */                                            \
+    if (isinf(x)) return x > 0 ? (T)1 : (T)0;                                          \
+    T s = sigmoid_##S(x);                                                              \
+    return s * ((T)1 + x * ((T)1 - s));                                                \
   }
 
-#define DEFINE_UNARY(name, EXPR)                                           \
-  RM_CPU_KERNEL(name) {                                                    \
-    (void)ctx; (void)nin; (void)nout;                                      \
-    const double s_ = a->f[0]; (void)s_;                                   \
-    if (out[0]->dtype == RM_F64) UNARY_LOOP(double, EXPR);                 \
-    else UNARY_LOOP(float, EXPR);                                          \
-    return RM_OK;                                                          \
+DEF_FNS(float, f)
+DEF_FNS(double, d)
+#undef DEF_FNS
+
+#define TG(fn, x) _Generic((x), float: fn##_f, default: fn##_d)
+
+#define RELU(x) TG(relu, x)(x)
+#define MAXIMUM(a, b) TG(max, a)(a, b)
+#define SIGMOID(x) TG(sigmoid, x)(x)
+#define SILU(x) TG(silu, x)(x)
+#define GELU(x) TG(gelu, x)(x)
+#define GELU_GRAD(x) TG(gelu_grad, x)(x)
+#define SILU_GRAD(x) TG(silu_grad, x)(x)
+
+/* ---- strided walk ---- */
+
+#define WALK_MAX 3        /* operands (inputs) of a walk */
+#define WALK_BLOCK 4096   /* elements of the innermost dim per work item */
+
+/* The output shape with dims of size 1 dropped and adjacent dims merged wherever every
+ * input allows it; the innermost dim is cut in blocks, so a work item is (row, block):
+ * OpenMP gets work even when there is a single long row. */
+typedef struct {
+  int ndim;                               /* outer dims (all but the innermost) */
+  int64_t shape[RM_MAX_DIM];
+  int64_t stride[WALK_MAX][RM_MAX_DIM];
+  int64_t inner, inner_stride[WALK_MAX];
+  int64_t nblk, items;
+} ew_walk;
+
+static void walk_init(ew_walk *w, int nop, rm_tensor *const *in, const rm_tensor *out) {
+  int nd = 0;
+  int64_t shape[RM_MAX_DIM], st[WALK_MAX][RM_MAX_DIM];
+  for (int d = 0; d < out->ndim; d++) {
+    int64_t size = out->shape[d];
+    if (size == 1) continue;
+    bool merge = nd > 0;
+    for (int k = 0; k < nop && merge; k++)
+      merge = st[k][nd - 1] == in[k]->stride[d] * size;
+    if (merge) {
+      shape[nd - 1] *= size;
+      for (int k = 0; k < nop; k++) st[k][nd - 1] = in[k]->stride[d];
+    } else {
+      shape[nd] = size;
+      for (int k = 0; k < nop; k++) st[k][nd] = in[k]->stride[d];
+      nd++;
+    }
+  }
+  if (nd == 0) {
+    shape[0] = 1;
+    for (int k = 0; k < nop; k++) st[k][0] = 0;
+    nd = 1;
+  }
+  w->ndim = nd - 1;
+  w->inner = shape[nd - 1];
+  int64_t rows = 1;
+  for (int d = 0; d < nd - 1; d++) {
+    w->shape[d] = shape[d];
+    rows *= shape[d];
+  }
+  for (int k = 0; k < WALK_MAX; k++) {
+    w->inner_stride[k] = k < nop ? st[k][nd - 1] : 0;
+    for (int d = 0; d < nd - 1; d++) w->stride[k][d] = k < nop ? st[k][d] : 0;
+  }
+  w->nblk = (w->inner + WALK_BLOCK - 1) / WALK_BLOCK;
+  w->items = rows * w->nblk;
+}
+
+/* Work item it: offsets o[k] of its first element in each input, ob in the output
+ * (contiguous), and its length. */
+static inline void walk_item(const ew_walk *w, int64_t it, int64_t *o, int64_t *ob, int64_t *len) {
+  int64_t r = it / w->nblk, j0 = (it % w->nblk) * WALK_BLOCK;
+  *ob = r * w->inner + j0;
+  *len = w->inner - j0 < WALK_BLOCK ? w->inner - j0 : WALK_BLOCK;
+  for (int k = 0; k < WALK_MAX; k++) o[k] = j0 * w->inner_stride[k];
+  for (int d = w->ndim - 1; d >= 0; d--) {
+    int64_t i = r % w->shape[d];
+    r /= w->shape[d];
+    for (int k = 0; k < WALK_MAX; k++) o[k] += i * w->stride[k][d];
+  }
+}
+
+/* ---- loops ---- */
+
+/* One inner run of a strided walk: LEN elements, operand k starting at q_k with
+ * stride s_k; the common strides (1: dense, 0: broadcast) get their own loops so the
+ * compiler vectorises them. */
+#define RUN1(T, EXPR)                                                                  \
+  if (s0 == 1) { for (int64_t j = 0; j < len; j++) { T a_ = q0[j]; qo[j] = (EXPR); } } \
+  else { for (int64_t j = 0; j < len; j++) { T a_ = q0[j * s0]; qo[j] = (EXPR); } }
+
+#define RUN2(T, EXPR)                                                                  \
+  if (s0 == 1 && s1 == 1) {                                                            \
+    for (int64_t j = 0; j < len; j++) { T a_ = q0[j], b_ = q1[j]; qo[j] = (EXPR); }    \
+  } else if (s0 == 1 && s1 == 0) {                                                     \
+    T b_ = q1[0];                                                                      \
+    for (int64_t j = 0; j < len; j++) { T a_ = q0[j]; qo[j] = (EXPR); }                \
+  } else if (s0 == 0 && s1 == 1) {                                                     \
+    T a_ = q0[0];                                                                      \
+    for (int64_t j = 0; j < len; j++) { T b_ = q1[j]; qo[j] = (EXPR); }                \
+  } else {                                                                             \
+    for (int64_t j = 0; j < len; j++) {                                                \
+      T a_ = q0[j * s0], b_ = q1[j * s1];                                              \
+      qo[j] = (EXPR);                                                                  \
+    }                                                                                  \
   }
 
-DEFINE_BINARY(add, a_ + b_)
-DEFINE_BINARY(sub, a_ - b_)
-DEFINE_BINARY(mul, a_ * b_)
-DEFINE_BINARY(div, a_ / b_)
+#define RUN3(T, EXPR)                                                                  \
+  for (int64_t j = 0; j < len; j++) {                                                  \
+    T c_ = q0[j * s0], a_ = q1[j * s1], b_ = q2[j * s2];                               \
+    qo[j] = (EXPR);                                                                    \
+  }
 
-DEFINE_UNARY(neg, -a_)
-DEFINE_UNARY(add_scalar, a_ + s_)
-DEFINE_UNARY(mul_scalar, a_ * s_)
-DEFINE_UNARY(copy, a_)
+/* The strided walk shared by every arity: sets q0..q2 / s0..s2 for each block. */
+#define WALK(T, NOP, RUN, EXPR, COST)                                                  \
+  do {                                                                                 \
+    ew_walk w_;                                                                    \
+    walk_init(&w_, NOP, in, out[0]);                                            \
+    const int64_t items_ = w_.items;                                                   \
+    const int par_ = n * (COST) > RM_CPU_PAR_MIN && items_ > 1;                        \
+    _Pragma("omp parallel for if (par_)")                                              \
+    for (int64_t it = 0; it < items_; it++) {                                          \
+      int64_t o_[WALK_MAX], ob_, len;                                           \
+      walk_item(&w_, it, o_, &ob_, &len);                                       \
+      const T *q0 = p0 + o_[0], *q1 = p1 + o_[NOP > 1], *q2 = p2 + o_[NOP > 2 ? 2 : 0];\
+      const int64_t s0 = w_.inner_stride[0], s1 = w_.inner_stride[NOP > 1],            \
+                    s2 = w_.inner_stride[NOP > 2 ? 2 : 0];                             \
+      T *qo = po + ob_;                                                                \
+      (void)q1; (void)q2; (void)s1; (void)s2;                                          \
+      RUN(T, EXPR)                                                                     \
+    }                                                                                  \
+  } while (0)
 
-RM_CPU_KERNEL(fill) {
-  (void)ctx; (void)nin; (void)in; (void)nout;
-  int64_t n = rm_tensor_numel(out[0]);
-  if (out[0]->dtype == RM_F64) {
-    double *p = rm_tensor_ptr(out[0]);
-    for (int64_t i = 0; i < n; i++) p[i] = a->f[0];
+/* Pointers p0..p2 to the inputs (repeating the last one past NOP), po to the output. */
+#define OPERANDS(T, NOP)                                                               \
+  const T *p0 = rm_tensor_ptr(in[0]);                                                  \
+  const T *p1 = NOP > 1 ? (const T *)rm_tensor_ptr(in[1]) : p0;                        \
+  const T *p2 = NOP > 2 ? (const T *)rm_tensor_ptr(in[2]) : p1;                        \
+  T *po = rm_tensor_ptr(out[0]);                                                       \
+  int64_t n = rm_tensor_numel(out[0]);                                                 \
+  (void)p1; (void)p2
+
+#define LOOP1(T, EXPR, COST)                                                           \
+  do {                                                                                 \
+    OPERANDS(T, 1);                                                                    \
+    if (rm_tensor_is_contiguous(in[0])) {                                              \
+      const int par_ = n * (COST) > RM_CPU_PAR_MIN;                                    \
+      _Pragma("omp parallel for simd if (parallel: par_)")                             \
+      for (int64_t i = 0; i < n; i++) { T a_ = p0[i]; po[i] = (EXPR); }                \
+    } else WALK(T, 1, RUN1, EXPR, COST);                                               \
+  } while (0)
+
+#define LOOP2(T, EXPR, COST)                                                           \
+  do {                                                                                 \
+    OPERANDS(T, 2);                                                                    \
+    if (rm_tensor_is_contiguous(in[0]) && rm_tensor_is_contiguous(in[1])) {            \
+      const int par_ = n * (COST) > RM_CPU_PAR_MIN;                                    \
+      _Pragma("omp parallel for simd if (parallel: par_)")                             \
+      for (int64_t i = 0; i < n; i++) { T a_ = p0[i], b_ = p1[i]; po[i] = (EXPR); }    \
+    } else WALK(T, 2, RUN2, EXPR, COST);                                               \
+  } while (0)
+
+#define LOOP3(T, EXPR, COST)                                                           \
+  do {                                                                                 \
+    OPERANDS(T, 3);                                                                    \
+    if (rm_tensor_is_contiguous(in[0]) && rm_tensor_is_contiguous(in[1]) &&            \
+        rm_tensor_is_contiguous(in[2])) {                                              \
+      const int par_ = n * (COST) > RM_CPU_PAR_MIN;                                    \
+      _Pragma("omp parallel for simd if (parallel: par_)")                             \
+      for (int64_t i = 0; i < n; i++) {                                                \
+        T c_ = p0[i], a_ = p1[i], b_ = p2[i];                                          \
+        po[i] = (EXPR);                                                                \
+      }                                                                                \
+    } else WALK(T, 3, RUN3, EXPR, COST);                                               \
+  } while (0)
+
+/* A kernel over LOOPk in float32 or float64. Unary EXPR sees a_ and the scalar s_
+ * (attrs f[0], as T); binary sees a_, b_; where sees c_, a_, b_. COST: relative
+ * work per element, which lowers the size at which OpenMP pays off. */
+#define DEFINE_EW(name, LOOP, EXPR, COST)                                              \
+  RM_CPU_KERNEL(name) {                                                                \
+    (void)ctx; (void)nin; (void)nout;                                                  \
+    if (out[0]->dtype == RM_F64) {                                                     \
+      const double s_ = a->f[0]; (void)s_;                                             \
+      LOOP(double, EXPR, COST);                                                        \
+    } else if (out[0]->dtype == RM_F32) {                                              \
+      const float s_ = (float)a->f[0]; (void)s_;                                       \
+      LOOP(float, EXPR, COST);                                                         \
+    } else {                                                                           \
+      return rm_fail(ctx, RM_ERR_DTYPE, #name ": cpu does not support %s",             \
+                     rm_dtype_name(out[0]->dtype));                                    \
+    }                                                                                  \
+    return RM_OK;                                                                      \
+  }
+
+DEFINE_EW(add, LOOP2, a_ + b_, 1)
+DEFINE_EW(sub, LOOP2, a_ - b_, 1)
+DEFINE_EW(mul, LOOP2, a_ * b_, 1)
+DEFINE_EW(div, LOOP2, a_ / b_, 1)
+DEFINE_EW(pow, LOOP2, pow(a_, b_), 16)
+DEFINE_EW(maximum, LOOP2, MAXIMUM(a_, b_), 1)
+DEFINE_EW(eq, LOOP2, a_ == b_, 1)
+DEFINE_EW(ne, LOOP2, a_ != b_, 1)
+DEFINE_EW(lt, LOOP2, a_ < b_, 1)
+DEFINE_EW(le, LOOP2, a_ <= b_, 1)
+DEFINE_EW(gt, LOOP2, a_ > b_, 1)
+DEFINE_EW(ge, LOOP2, a_ >= b_, 1)
+/* (x, g) -> g f'(x) */
+DEFINE_EW(gelu_backward, LOOP2, b_ * GELU_GRAD(a_), 16)
+DEFINE_EW(silu_backward, LOOP2, b_ * SILU_GRAD(a_), 8)
+/* cond != 0 picks a (a NaN cond counts as true, being != 0) */
+DEFINE_EW(where, LOOP3, c_ != 0 ? a_ : b_, 1)
+
+DEFINE_EW(add_scalar, LOOP1, a_ + s_, 1)
+DEFINE_EW(mul_scalar, LOOP1, a_ * s_, 1)
+DEFINE_EW(rdiv_scalar, LOOP1, s_ / a_, 1)
+DEFINE_EW(neg, LOOP1, -a_, 1)
+DEFINE_EW(exp, LOOP1, exp(a_), 8)
+DEFINE_EW(log, LOOP1, log(a_), 8)
+DEFINE_EW(tanh, LOOP1, tanh(a_), 8)
+DEFINE_EW(sqrt, LOOP1, sqrt(a_), 2)
+DEFINE_EW(abs, LOOP1, fabs(a_), 1)
+DEFINE_EW(relu, LOOP1, RELU(a_), 1)
+DEFINE_EW(gelu, LOOP1, GELU(a_), 16)
+DEFINE_EW(silu, LOOP1, SILU(a_), 8)
+DEFINE_EW(sigmoid, LOOP1, SIGMOID(a_), 8)
+DEFINE_EW(copy, LOOP1, a_, 1)
+
+/* x^s; squaring (the common case) is a multiply, which pow would round the same. */
+RM_CPU_KERNEL(pow_scalar) {
+  (void)nin; (void)nout;
+  if (a->f[0] == 2.0) {
+    if (out[0]->dtype == RM_F64) LOOP1(double, a_ * a_, 1);
+    else if (out[0]->dtype == RM_F32) LOOP1(float, a_ * a_, 1);
+    else return rm_fail(ctx, RM_ERR_DTYPE, "pow_scalar: cpu does not support %s", rm_dtype_name(out[0]->dtype));
   } else {
-    float *p = rm_tensor_ptr(out[0]);
-    float v = (float)a->f[0];
-    for (int64_t i = 0; i < n; i++) p[i] = v;
+    if (out[0]->dtype == RM_F64) { const double s_ = a->f[0]; LOOP1(double, pow(a_, s_), 16); }
+    else if (out[0]->dtype == RM_F32) { const float s_ = (float)a->f[0]; LOOP1(float, pow(a_, s_), 16); }
+    else return rm_fail(ctx, RM_ERR_DTYPE, "pow_scalar: cpu does not support %s", rm_dtype_name(out[0]->dtype));
   }
   return RM_OK;
 }
 
-RM_CPU_KERNEL(cast) {
-  (void)ctx; (void)nin; (void)nout; (void)a;
+RM_CPU_KERNEL(fill) {
+  (void)ctx; (void)nin; (void)in; (void)nout;
   int64_t n = rm_tensor_numel(out[0]);
-  bool contig = rm_tensor_is_contiguous(in[0]);
-  if (in[0]->dtype == RM_F32 && out[0]->dtype == RM_F64) {
-    const float *s = rm_tensor_ptr(in[0]);
-    double *d = rm_tensor_ptr(out[0]);
-    for (int64_t i = 0; i < n; i++) d[i] = s[contig ? i : rm_cpu_offset(in[0], i)];
-  } else if (in[0]->dtype == RM_F64 && out[0]->dtype == RM_F32) {
-    const double *s = rm_tensor_ptr(in[0]);
-    float *d = rm_tensor_ptr(out[0]);
-    for (int64_t i = 0; i < n; i++) d[i] = (float)s[contig ? i : rm_cpu_offset(in[0], i)];
-  } else if (in[0]->dtype == out[0]->dtype) {
-    return rm_cpu_copy(ctx, nin, in, nout, out, a);
+  const int par = n > RM_CPU_PAR_MIN;
+  if (out[0]->dtype == RM_F64) {
+    double *p = rm_tensor_ptr(out[0]);
+    const double v = a->f[0];
+    _Pragma("omp parallel for simd if (parallel: par)")
+    for (int64_t i = 0; i < n; i++) p[i] = v;
+  } else if (out[0]->dtype == RM_F32) {
+    float *p = rm_tensor_ptr(out[0]);
+    const float v = (float)a->f[0];
+    _Pragma("omp parallel for simd if (parallel: par)")
+    for (int64_t i = 0; i < n; i++) p[i] = v;
   } else {
-    return rm_fail(ctx, RM_ERR_DTYPE, "cast: cpu cannot convert %s to %s",
-                   rm_dtype_name(in[0]->dtype), rm_dtype_name(out[0]->dtype));
+    return rm_fail(ctx, RM_ERR_DTYPE, "fill: cpu does not support %s", rm_dtype_name(out[0]->dtype));
   }
+  return RM_OK;
+}
+
+/* Converting loop: source type S, destination type D. */
+#define CAST_LOOP(S, D)                                                                \
+  do {                                                                                 \
+    const S *p0 = rm_tensor_ptr(in[0]);                                                \
+    D *po = rm_tensor_ptr(out[0]);                                                     \
+    int64_t n = rm_tensor_numel(out[0]);                                               \
+    const int par = n > RM_CPU_PAR_MIN;                                                \
+    if (rm_tensor_is_contiguous(in[0])) {                                              \
+      _Pragma("omp parallel for simd if (parallel: par)")                              \
+      for (int64_t i = 0; i < n; i++) po[i] = (D)p0[i];                                \
+    } else {                                                                           \
+      ew_walk w_;                                                                  \
+      walk_init(&w_, 1, in, out[0]);                                            \
+      const int64_t items_ = w_.items;                                                 \
+      _Pragma("omp parallel for if (par && items_ > 1)")                               \
+      for (int64_t it = 0; it < items_; it++) {                                        \
+        int64_t o_[WALK_MAX], ob_, len;                                         \
+        walk_item(&w_, it, o_, &ob_, &len);                                     \
+        const S *q = p0 + o_[0];                                                       \
+        const int64_t s = w_.inner_stride[0];                                          \
+        for (int64_t j = 0; j < len; j++) po[ob_ + j] = (D)q[j * s];                   \
+      }                                                                                \
+    }                                                                                  \
+  } while (0)
+
+RM_CPU_KERNEL(cast) {
+  rm_dtype from = in[0]->dtype, to = out[0]->dtype;
+  if (from == to) return rm_cpu_copy(ctx, nin, in, nout, out, a);
+  if (from == RM_F32 && to == RM_F64) CAST_LOOP(float, double);
+  else if (from == RM_F64 && to == RM_F32) CAST_LOOP(double, float);
+  else
+    return rm_fail(ctx, RM_ERR_DTYPE, "cast: cpu cannot convert %s to %s", rm_dtype_name(from),
+                   rm_dtype_name(to));
   return RM_OK;
 }
