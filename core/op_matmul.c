@@ -1,4 +1,8 @@
-/* Matrix products: matmul (2-D, batched with broadcast batch dims) and linear. */
+/* Matrix products: matmul (1-D, 2-D, batched with broadcast batch dims, numpy's 1-D
+ * promotion) and linear (x w^T + b, PyTorch's layout). No attrs. Both kernels take
+ * strided inputs, so transposed operands reach BLAS without a copy. */
+#include <string.h>
+
 #include "ops.h"
 
 rm_tensor *rm_matmul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b) {
@@ -10,3 +14,189 @@ rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b) {
   rm_tensor *in[3] = { x, w, b };
   return rm_op1(ctx, RM_OP_LINEAR, b ? 3 : 2, in, NULL);
 }
+
+/* ---- matmul ---- */
+
+static int matmul_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)a;
+  if (rm_check_same_device(ctx, "matmul", nin, in) || rm_check_same_dtype(ctx, "matmul", nin, in))
+    return ctx->err_code;
+  rm_tensor *x = in[0], *y = in[1];
+  char s1[96], s2[96];
+  rm_tensor_shape_str(x, s1, sizeof s1);
+  rm_tensor_shape_str(y, s2, sizeof s2);
+  if (x->ndim == 0 || y->ndim == 0)
+    return rm_fail(ctx, RM_ERR_SHAPE, "matmul: both operands need at least 1 dimension (got shapes %s and %s)", s1, s2);
+  int64_t ka = x->shape[x->ndim - 1], kb = y->shape[y->ndim == 1 ? 0 : y->ndim - 2];
+  if (ka != kb)
+    return rm_fail(ctx, RM_ERR_SHAPE, "matmul: shapes %s and %s do not match (%lld vs %lld)", s1, s2,
+                   (long long)ka, (long long)kb);
+  int na = x->ndim > 2 ? x->ndim - 2 : 0, nb = y->ndim > 2 ? y->ndim - 2 : 0, n;
+  int64_t bs[RM_MAX_DIM];
+  if (rm_broadcast_shape(ctx, "matmul", na, x->shape, nb, y->shape, &n, bs))
+    return rm_fail(ctx, RM_ERR_SHAPE, "matmul: batch dimensions of %s and %s cannot be broadcast", s1, s2);
+  out[0].dtype = x->dtype;
+  out[0].device = x->device;
+  memcpy(out[0].shape, bs, sizeof(int64_t) * (size_t)n);
+  if (x->ndim >= 2) bs[n++] = x->shape[x->ndim - 2];
+  if (y->ndim >= 2) bs[n++] = y->shape[y->ndim - 1];
+  if (n > RM_MAX_DIM) return rm_fail(ctx, RM_ERR_SHAPE, "matmul: result has more than %d dimensions", RM_MAX_DIM);
+  out[0].ndim = n;
+  memcpy(out[0].shape, bs, sizeof(int64_t) * (size_t)n);
+  return RM_OK;
+}
+
+/* t viewed with its 1-D promotion undone or applied: a (K) -> (1, K), b (K) -> (K, 1). */
+static rm_tensor *promote(rm_ctx *ctx, rm_tensor *t, bool left) {
+  if (t->ndim >= 2) { rm_tensor_hold(t); return t; }
+  int64_t s[2] = { left ? 1 : t->shape[0], left ? t->shape[0] : 1 };
+  return rm_reshape(ctx, t, 2, s);
+}
+
+/* Shape of t with its 1-D promotion applied (a: 1 x K, b: K x 1); returns ndim. */
+static int promoted_shape(const rm_tensor *t, bool left, int64_t *s) {
+  if (t->ndim >= 2) { memcpy(s, t->shape, sizeof(int64_t) * (size_t)t->ndim); return t->ndim; }
+  s[0] = left ? 1 : t->shape[0];
+  s[1] = left ? t->shape[0] : 1;
+  return 2;
+}
+
+/* g (shape of a product) reduced over broadcast batch dims to `like`'s promoted shape,
+ * then given `like`'s shape. Drops g. */
+static rm_tensor *fit(rm_ctx *ctx, rm_tensor *g, rm_tensor *like, bool left) {
+  if (!g) return NULL;
+  int64_t ps[RM_MAX_DIM];
+  int pn = promoted_shape(like, left, ps);
+  rm_tensor *s = g;
+  bool same = g->ndim == pn;
+  for (int d = 0; same && d < pn; d++) same = g->shape[d] == ps[d];
+  if (!same) {
+    s = rm_sum_to(ctx, g, pn, ps);
+    rm_tensor_drop(ctx, g);
+    if (!s) return NULL;
+  }
+  if (like->ndim == s->ndim) return s;
+  rm_tensor *r = rm_reshape(ctx, s, like->ndim, like->shape);
+  rm_tensor_drop(ctx, s);
+  return r;
+}
+
+/* grad_a = g b^T, grad_b = a^T g, each summed over the batch dims its operand was
+ * broadcast along (with 1-D operands promoted and g shaped to match). */
+static int matmul_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *a = n->in[0], *b = n->in[1];
+  int64_t gs[RM_MAX_DIM + 2];
+  int gn = g[0]->ndim;
+  memcpy(gs, g[0]->shape, sizeof(int64_t) * (size_t)gn);
+  if (a->ndim == 1) {
+    int pos = gn - (b->ndim >= 2 ? 1 : 0);
+    memmove(gs + pos + 1, gs + pos, sizeof(int64_t) * (size_t)(gn - pos));
+    gs[pos] = 1;
+    gn++;
+  }
+  if (b->ndim == 1) gs[gn++] = 1;
+  rm_tensor *gp = rm_reshape(ctx, g[0], gn, gs);
+  if (!gp) return ctx->err_code;
+  int rc = RM_OK;
+  if (rm_node_needs_grad(n, 0)) {
+    rm_tensor *bd = rm_node_input(ctx, n, 1);
+    rm_tensor *bp = bd ? promote(ctx, bd, false) : NULL;
+    rm_tensor *bt = bp ? rm_transpose(ctx, bp, -2, -1) : NULL;
+    gin[0] = bt ? fit(ctx, rm_matmul(ctx, gp, bt), a, true) : NULL;
+    rm_tensor_drop(ctx, bp);
+    rm_tensor_drop(ctx, bt);
+    if (!gin[0]) rc = ctx->err_code;
+  }
+  if (rc == RM_OK && rm_node_needs_grad(n, 1)) {
+    rm_tensor *ad = rm_node_input(ctx, n, 0);
+    rm_tensor *ap = ad ? promote(ctx, ad, true) : NULL;
+    rm_tensor *at = ap ? rm_transpose(ctx, ap, -2, -1) : NULL;
+    gin[1] = at ? fit(ctx, rm_matmul(ctx, at, gp), b, false) : NULL;
+    rm_tensor_drop(ctx, ap);
+    rm_tensor_drop(ctx, at);
+    if (!gin[1]) rc = ctx->err_code;
+  }
+  rm_tensor_drop(ctx, gp);
+  return rc;
+}
+
+/* 2 M N K per batch: numel(out) = batch M N. */
+static double matmul_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)nin; (void)a;
+  return 2.0 * (double)rm_meta_numel(&out[0]) * (double)in[0]->shape[in[0]->ndim - 1];
+}
+
+const rm_op_def rm_opdef_matmul = { .name = "matmul", .nin = 2, .nout = 1, .nvis = 1,
+  .flags = RM_OPF_STRIDED, .save_in = 3, .infer = matmul_infer, .backward = matmul_backward,
+  .flops = matmul_flops };
+
+/* ---- linear: inputs x (..., in), w (out, in), optional b (out) ---- */
+
+static int linear_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)a;
+  if (nin < 2 || nin > 3)
+    return rm_fail(ctx, RM_ERR_ARG, "linear: takes an input, a weight and an optional bias (got %d tensors)", nin);
+  if (rm_check_same_device(ctx, "linear", nin, in) || rm_check_same_dtype(ctx, "linear", nin, in))
+    return ctx->err_code;
+  rm_tensor *x = in[0], *w = in[1];
+  char s[96];
+  if (w->ndim != 2)
+    return rm_fail(ctx, RM_ERR_SHAPE, "linear: weight must be 2-D (out x in), got %s", rm_tensor_shape_str(w, s, sizeof s));
+  if (x->ndim == 0) return rm_fail(ctx, RM_ERR_SHAPE, "linear: input must have at least 1 dimension");
+  if (x->shape[x->ndim - 1] != w->shape[1])
+    return rm_fail(ctx, RM_ERR_SHAPE, "linear: input has %lld features but the weight expects %lld",
+                   (long long)x->shape[x->ndim - 1], (long long)w->shape[1]);
+  if (nin == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != w->shape[0]))
+    return rm_fail(ctx, RM_ERR_SHAPE, "linear: bias has shape %s but the weight has %lld outputs",
+                   rm_tensor_shape_str(in[2], s, sizeof s), (long long)w->shape[0]);
+  rm_tensor_meta(x, &out[0]);
+  out[0].shape[x->ndim - 1] = w->shape[0];
+  return RM_OK;
+}
+
+/* gx = g w, gw = g^T x (over the flattened leading dims), gb = g summed over them. */
+static int linear_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = n->in[0], *w = n->in[1];
+  int64_t fin = w->shape[1], fout = w->shape[0];
+  if (rm_node_needs_grad(n, 0)) {
+    rm_tensor *wd = rm_node_input(ctx, n, 1);
+    gin[0] = wd ? rm_matmul(ctx, g[0], wd) : NULL;
+    if (!gin[0]) return ctx->err_code;
+  }
+  if (rm_node_needs_grad(n, 1)) {
+    rm_tensor *xd = rm_node_input(ctx, n, 0);
+    if (!xd) return ctx->err_code;
+    int64_t R = rm_tensor_numel(g[0]) / (fout ? fout : 1);
+    int64_t gsh[2] = { R, fout }, xsh[2] = { R, fin };
+    rm_tensor *g2 = rm_reshape(ctx, g[0], 2, gsh);
+    rm_tensor *gt = g2 ? rm_transpose(ctx, g2, 0, 1) : NULL;
+    rm_tensor *x2 = gt ? rm_reshape(ctx, xd, 2, xsh) : NULL;
+    gin[1] = x2 ? rm_matmul(ctx, gt, x2) : NULL;
+    rm_tensor_drop(ctx, g2);
+    rm_tensor_drop(ctx, gt);
+    rm_tensor_drop(ctx, x2);
+    if (!gin[1]) return ctx->err_code;
+  }
+  if (n->nin > 2 && rm_node_needs_grad(n, 2)) {
+    if (g[0]->ndim == 1) {
+      gin[2] = rm_copy(ctx, g[0]);
+    } else {
+      int64_t bsh[1] = { fout };
+      gin[2] = rm_sum_to(ctx, g[0], 1, bsh);
+    }
+    if (!gin[2]) return ctx->err_code;
+  }
+  (void)x;
+  return RM_OK;
+}
+
+/* 2 R in out for the product, R out more for the bias. */
+static double linear_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)a;
+  double ro = (double)rm_meta_numel(&out[0]);
+  return 2.0 * ro * (double)in[1]->shape[1] + (nin > 2 ? ro : 0.0);
+}
+
+const rm_op_def rm_opdef_linear = { .name = "linear", .nin = -1, .nout = 1, .nvis = 1,
+  .flags = RM_OPF_STRIDED, .save_in = 3, .infer = linear_infer, .backward = linear_backward,
+  .flops = linear_flops };
