@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "alloc.h"
+#include "measure.h"
 
 char *rm_format_bytes(size_t b, char *buf, size_t n) {
   static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
@@ -122,6 +123,12 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
   m->live_total += bytes;
   m->reserved += bytes;
   if (m->live[cat] > m->peak[cat]) m->peak[cat] = m->live[cat];
+  if (m->live[cat] > m->window && cat == RM_CAT_ACTIVATION) m->window = m->live[cat];
+  s->tag = -1;
+  if (ctx->measure && cat == RM_CAT_ACTIVATION && ctx->alloc_tag >= 0 && ctx->alloc_tag < ctx->measure->n) {
+    s->tag = ctx->alloc_tag;
+    ctx->measure->tag_live[s->tag] += bytes;
+  }
   if (m->live_total > m->peak_total) m->peak_total = m->live_total;
   return s;
 }
@@ -134,6 +141,7 @@ void rm_storage_release(rm_ctx *ctx, rm_storage *s) {
   m->live[s->category] -= s->bytes;
   m->live_total -= s->bytes;
   m->reserved -= s->bytes;
+  if (s->tag >= 0 && ctx->measure && s->tag < ctx->measure->n) ctx->measure->tag_live[s->tag] -= s->bytes;
   if (s->data) ctx->backend[s->device]->free(ctx, s->data, s->bytes);
   rm_host_free(ctx, s, sizeof *s);
 }

@@ -11,6 +11,7 @@ typedef struct rm_storage {
   rm_device device;
   rm_category category;
   size_t bytes;
+  int tag;             /* measured layer that allocated it (dry runs), -1 otherwise */
   void *data;          /* NULL in a dry run (phantom storage: accounted, no memory) */
 } rm_storage;
 

@@ -145,19 +145,17 @@ int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad) {
   if (rc == RM_OK) {
     for (size_t k = 0; k < count; k++) rm_node_retain(list[k]);
     rc = rm_accumulate(ctx, &root->grad_fn->gout[root->out_index], seed, ctx->category);
-    if (ctx->ckpt) rm_ckpt_backward_begin(ctx);
     for (size_t k = 0; k < count && rc == RM_OK; k++) {
-      if (ctx->ckpt) rm_ckpt_before_node(ctx, list[k]);
+      if (ctx->measure) rm_ckpt_before_node(ctx, list[k]);
       rc = run_node(ctx, list[k]);
       rm_node_release_saved(ctx, list[k]);
       list[k]->done = true;
-      if (ctx->ckpt) rm_ckpt_after_node(ctx, list[k]);
+      if (ctx->measure) rm_ckpt_after_node(ctx, list[k]);
     }
     for (size_t k = 0; k < count; k++) {
       if (rc) rm_node_release_saved(ctx, list[k]);
       rm_node_release(ctx, list[k]);
     }
-    if (ctx->ckpt) rm_ckpt_backward_end(ctx);
   }
   rm_tensor_drop(ctx, seed);
   rm_host_free(ctx, list, cap * sizeof *list);

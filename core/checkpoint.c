@@ -1,8 +1,84 @@
-/* Checkpoint engine (plans arrive with the checkpointing work; hooks are no-ops now). */
-#include "checkpoint.h"
+/* The checkpoint engine (see checkpoint.h). */
+#include <string.h>
 
-void rm_ckpt_on_record(rm_ctx *ctx, rm_node *n) { (void)ctx; (void)n; }
-void rm_ckpt_backward_begin(rm_ctx *ctx) { (void)ctx; }
-void rm_ckpt_before_node(rm_ctx *ctx, rm_node *n) { (void)ctx; (void)n; }
-void rm_ckpt_after_node(rm_ctx *ctx, rm_node *n) { (void)ctx; (void)n; }
-void rm_ckpt_backward_end(rm_ctx *ctx) { (void)ctx; }
+#include "checkpoint.h"
+#include "measure.h"
+
+static bool evicts(const rm_plan *p, int layer, rm_op_id op) {
+  if (!p || layer < 0 || layer >= p->n) return false;
+  switch (p->action[layer]) {
+  case RM_BOUNDARY:
+  case RM_RECOMPUTE: return true;
+  case RM_SELECTIVE: return rm_opset_has(&p->sel[layer], (int)op);
+  default: return false;
+  }
+}
+
+void rm_ckpt_on_record(rm_ctx *ctx, rm_node *n) {
+  for (rm_ckpt *st = ctx->ckpt; st; st = st->parent) {
+    if (st->pin) {
+      /* the layer's first node holds its boundary input until its backward is done */
+      n->pinned = st->pin;
+      st->pin->pins++;
+      st->pin = NULL;
+    }
+    if (st->overflow) continue;
+    if (st->n == st->cap) {
+      size_t cap = st->cap ? 2 * st->cap : 64;
+      rm_node **nn = rm_host_realloc(ctx, st->nodes, st->cap * sizeof *nn, cap * sizeof *nn);
+      if (!nn) { st->overflow = true; continue; }
+      st->nodes = nn;
+      st->cap = cap;
+    }
+    rm_node_retain(n);
+    st->nodes[st->n++] = n;
+  }
+}
+
+void rm_ckpt_layer_begin(rm_ctx *ctx, rm_ckpt *st, int layer, rm_tensor *x) {
+  st->layer = layer;
+  st->layer_seq = ctx->node_seq;
+  st->pin = NULL;
+  if (st->plan && ctx->grad_enabled && st->plan->action[layer] == RM_BOUNDARY) {
+    rm_tensor_hold(x);          /* passed on to the first node by on_record */
+    st->pin = x;
+  }
+  if (st->measure) rm_measure_layer_begin(ctx, st->measure, layer, x);
+}
+
+void rm_ckpt_layer_end(rm_ctx *ctx, rm_ckpt *st, int layer, rm_tensor *x, rm_tensor *y) {
+  if (st->pin) {            /* the layer recorded nothing: nothing to replay */
+    rm_tensor_drop(ctx, st->pin);
+    st->pin = NULL;
+  }
+  if (st->measure) rm_measure_layer_end(ctx, st->measure, layer, x, y);
+  /* x (the previous layer's output) was kept until this layer had used it */
+  if (st->defer_evict && !st->overflow) rm_tensor_evict(ctx, x);
+  rm_node *p = y->grad_fn ? y->grad_fn : y->producer;
+  st->defer_evict = p && p->seq > st->layer_seq && evicts(st->plan, layer, p->op);
+  for (size_t i = 0; i < st->n; i++) {
+    rm_node *n = st->nodes[i];
+    if (!st->overflow && evicts(st->plan, layer, n->op))
+      for (int j = 0; j < n->nout; j++)
+        if (n->out[j] && n->out[j] != y) rm_tensor_evict(ctx, n->out[j]);
+    rm_node_release(ctx, n);
+  }
+  st->n = 0;
+}
+
+void rm_ckpt_finish(rm_ctx *ctx, rm_ckpt *st) {
+  if (st->pin) rm_tensor_drop(ctx, st->pin);
+  st->pin = NULL;
+  for (size_t i = 0; i < st->n; i++) rm_node_release(ctx, st->nodes[i]);
+  rm_host_free(ctx, st->nodes, st->cap * sizeof *st->nodes);
+  st->nodes = NULL;
+  st->n = st->cap = 0;
+}
+
+void rm_ckpt_before_node(rm_ctx *ctx, rm_node *n) {
+  if (ctx->measure) rm_measure_before_node(ctx, ctx->measure, n);
+}
+
+void rm_ckpt_after_node(rm_ctx *ctx, rm_node *n) {
+  if (ctx->measure) rm_measure_after_node(ctx, ctx->measure, n);
+}

@@ -1,15 +1,38 @@
-/* The checkpoint engine: executes a plan (per layer: keep, selective, boundary,
- * recompute) during a Sequential forward, and frees/rematerialises during backward. */
+/* The checkpoint engine: executes a plan (core/plan.h) while a Sequential runs its
+ * forward. After each layer it evicts what the plan does not keep (dropping storage;
+ * the tape can rebuild it), and pins each boundary's input to the layer's first node,
+ * so that it lives exactly until that layer's backward is done. During backward,
+ * evicted tensors are rematerialised on first use (rm_tensor_data_ready), which
+ * replays the segment from the nearest kept tensors, never calling Lua. */
 #ifndef REMAT_CHECKPOINT_H
 #define REMAT_CHECKPOINT_H
 
-#include "op.h"
+#include "plan.h"
 
-/* Hooks called by the tape (op.c) and backward (autograd.c) while ctx->ckpt is set. */
+/* Engine state for one Sequential forward (a stack: nested Sequentials push). */
+typedef struct rm_ckpt {
+  struct rm_ckpt *parent;
+  const rm_plan *plan;         /* NULL: keep everything (measurement only) */
+  int layer;                   /* current layer */
+  uint64_t layer_seq;          /* nodes recorded in the current layer have seq > layer_seq */
+  bool defer_evict;            /* evict the current layer's input once it has been used */
+  rm_node **nodes;             /* nodes recorded during the current layer */
+  size_t n, cap;
+  bool overflow;               /* ran out of host memory for the list: evict nothing */
+  rm_tensor *pin;              /* boundary input waiting for the layer's first node */
+  struct rm_measure *measure;  /* dry-run measurement (plan.c), or NULL */
+} rm_ckpt;
+
+/* Called by the tape for every recorded node while ctx->ckpt is set. */
 void rm_ckpt_on_record(rm_ctx *ctx, rm_node *n);
-void rm_ckpt_backward_begin(rm_ctx *ctx);
+/* Called around each node's backward (measurement of dry runs). */
 void rm_ckpt_before_node(rm_ctx *ctx, rm_node *n);
 void rm_ckpt_after_node(rm_ctx *ctx, rm_node *n);
-void rm_ckpt_backward_end(rm_ctx *ctx);
+
+/* Engine steps used by rm_sequential_forward. */
+void rm_ckpt_layer_begin(rm_ctx *ctx, rm_ckpt *st, int layer, rm_tensor *x);
+/* Evicts what layer `layer` does not keep; x is its input, y its output. */
+void rm_ckpt_layer_end(rm_ctx *ctx, rm_ckpt *st, int layer, rm_tensor *x, rm_tensor *y);
+void rm_ckpt_finish(rm_ctx *ctx, rm_ckpt *st);
 
 #endif

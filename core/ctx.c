@@ -34,6 +34,7 @@ rm_ctx *rm_ctx_new(const rm_host_alloc *alloc, rm_log_fn log, void *log_ud) {
   ctx->grad_enabled = true;
   ctx->rng_seed = 0x5eed;
   ctx->layer = -1;
+  ctx->alloc_tag = -1;
   return ctx;
 }
 

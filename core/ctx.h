@@ -17,6 +17,7 @@ typedef struct rm_memstats {
   size_t limit;                   /* 0: none */
   uint64_t n_allocs;
   uint64_t fail_at;               /* debug: fail the k-th allocation from now (0: off) */
+  size_t window;                  /* activation high-water mark since a measure window opened */
 } rm_memstats;
 
 struct rm_ctx {
@@ -24,7 +25,7 @@ struct rm_ctx {
   rm_log_fn log;
   void *log_ud;
   char err[1024];
-  rm_status err_code;
+  int err_code;                   /* rm_status of the last failure */
 
   rm_memstats mem[RM_DEVICE_COUNT];
   rm_category category;           /* category of the next op output allocation */
@@ -40,7 +41,10 @@ struct rm_ctx {
   int64_t live_nodes, live_tensors;
 
   int layer;                      /* layer index being recorded (-1: none) */
-  struct rm_ckpt *ckpt;           /* checkpoint engine state during a planned step */
+  struct rm_ckpt *ckpt;           /* checkpoint engine state during a Sequential forward */
+  struct rm_measure *measure;     /* per-layer measurement during a dry run, or NULL */
+  int alloc_tag;                  /* measured layer new activations belong to (-1: none) */
+  double recompute_flops;         /* FLOPs replayed to rematerialise evicted tensors */
 
   const struct rm_backend *backend[RM_DEVICE_COUNT];
   void *backend_state[RM_DEVICE_COUNT];

@@ -4,6 +4,7 @@
 
 #include "backend.h"
 #include "checkpoint.h"
+#include "measure.h"
 #include "op.h"
 
 #define X(ID, name, family) extern const rm_op_def rm_opdef_##name __attribute__((weak));
@@ -198,6 +199,7 @@ static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   n->out = arr + nin;
   n->gout = arr + nin + def->nout;
   n->layer = ctx->layer;
+  n->tag = ctx->alloc_tag;
   ctx->live_nodes++;
   for (int i = 0; i < nin; i++) {
     rm_tensor_retain(in[i]);
@@ -254,6 +256,7 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_
   rm_tensor *outs[8];
   int rc = op_exec(ctx, op, nin, in, a, outs);
   if (rc) return rc;
+  if (ctx->measure) rm_measure_on_op(ctx, op, nin, in, a, outs);
   if (def->flags & RM_OPF_RANDOM && a == &local) {
     int64_t numel = rm_tensor_numel(outs[0]);
     ctx->rng_offset += (uint64_t)((2 * numel + 3) / 4) * 4;
@@ -335,6 +338,11 @@ static void node_free_saved(rm_ctx *ctx, rm_node *n) {
   for (int j = 0; j < n->nout; j++)
     if (((n->saved_out >> j) & 1u) && n->out[j]) rm_tensor_unuse(ctx, n->out[j]);
   n->saved_in = n->saved_out = 0;
+  if (n->pinned) {
+    n->pinned->pins--;
+    rm_tensor_drop(ctx, n->pinned);
+    n->pinned = NULL;
+  }
   for (int j = 0; j < n->nout; j++)
     if (n->gout[j]) rm_tensor_drop(ctx, n->gout[j]), n->gout[j] = NULL;
 }
@@ -393,6 +401,14 @@ int rm_node_recompute(rm_ctx *ctx, rm_node *n) {
   ctx->category = saved_cat;
   ctx->grad_enabled = saved_grad;
   if (rc) return rc;
+  {
+    rm_meta meta[8];
+    for (int j = 0; j < def->nout && j < 8; j++) rm_tensor_meta(outs[j], &meta[j]);
+    double f = rm_op_flops(n->op, n->nin, n->in, &n->attrs, meta);
+    ctx->recompute_flops += f;
+    if (ctx->measure && n->tag >= 0 && n->tag < ctx->measure->n)
+      ctx->measure->layers[n->tag].recompute_flops += f;
+  }
   for (int j = 0; j < def->nout; j++) {
     rm_tensor *t = n->out[j];
     if (t && !t->storage && rc == RM_OK) {

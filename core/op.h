@@ -72,6 +72,8 @@ struct rm_node {
   unsigned needs_grad;      /* bit i: input i requires grad */
   unsigned saved_in, saved_out; /* which data this node holds a use of */
   int layer;                /* layer that recorded it (-1: none) */
+  rm_tensor *pinned;        /* a boundary input held (pinned) until this node's backward */
+  int tag;                  /* measured layer (dry runs), -1 otherwise */
   bool done;                /* backward already ran (second backward is an error) */
 };
 

@@ -1,0 +1,85 @@
+/* Checkpoint plans: per layer of a Sequential, what the first forward keeps.
+ *   keep       everything the layer's backward needs stays (rotor's F_all)
+ *   selective  as keep, except outputs of the selected ops: evicted, recomputed on use
+ *   boundary   only the layer's input is kept; the layer is replayed from it (F_ck)
+ *   recompute  nothing is kept; replayed from the nearest kept tensor before it (F_none)
+ * Also: measuring a model by dry runs (phantom memory, no kernels) and the optimal
+ * plan under an activation budget. */
+#ifndef REMAT_PLAN_H
+#define REMAT_PLAN_H
+
+#include "module.h"
+
+typedef enum { RM_KEEP = 0, RM_SELECTIVE, RM_BOUNDARY, RM_RECOMPUTE, RM_ACTION_COUNT } rm_action;
+
+typedef struct rm_opset { uint64_t bits[2]; } rm_opset;   /* a set of op ids */
+
+typedef struct rm_plan {
+  int n;
+  rm_action *action;      /* n */
+  rm_opset *sel;          /* n: ops evicted by a selective layer */
+} rm_plan;
+
+const char *rm_action_name(rm_action a);
+static inline bool rm_opset_has(const rm_opset *s, int op) {
+  return (s->bits[op >> 6] >> (op & 63)) & 1u;
+}
+static inline void rm_opset_add(rm_opset *s, int op) { s->bits[op >> 6] |= (uint64_t)1 << (op & 63); }
+
+rm_plan *rm_plan_new(rm_ctx *ctx, int n);
+void rm_plan_free(rm_ctx *ctx, rm_plan *p);
+/* Installs p on seq (taking ownership; NULL removes the plan). Errors when p->n does
+ * not match the number of layers. */
+int rm_plan_install(rm_ctx *ctx, rm_module *seq, rm_plan *p);
+
+/* What a dry run of forward (+ loss) + backward measured. */
+typedef struct rm_layer_stats {
+  double flops;           /* forward FLOPs of the layer */
+  double recompute_flops; /* FLOPs replayed for this layer during backward */
+  size_t saved;           /* activation bytes allocated by the layer, live after forward */
+  size_t in_bytes;        /* size of the layer's input */
+  size_t out_bytes;       /* size of the layer's output */
+  size_t fwd_peak;        /* peak above the live bytes at the layer's start, forward */
+  size_t bwd_peak;        /* peak above the live bytes at the start of its backward */
+  size_t param_bytes;
+} rm_layer_stats;
+
+typedef struct rm_sim {
+  size_t peak;            /* peak live activation bytes (absolute) */
+  size_t base;            /* live activation bytes before the forward */
+  double flops;           /* forward FLOPs */
+  double recompute_flops; /* FLOPs replayed during backward */
+  rm_layer_stats *layers; /* n entries when asked for, else NULL */
+  int n;
+} rm_sim;
+
+/* Loss callback for dry runs: *loss = a scalar from the model output y (new hold). */
+typedef int (*rm_loss_fn)(rm_ctx *ctx, rm_tensor *y, rm_tensor **loss, void *ud);
+
+/* Dry-runs forward (+ loss, or backward from y with ones) + backward of seq on x under
+ * plan p (NULL: the plan installed on seq). Nothing is computed or really allocated;
+ * parameter gradients, the generator and memory statistics are left as they were.
+ * Fills sim (sim->layers allocated when want_layers; free with rm_sim_free). */
+int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p,
+                     rm_loss_fn loss, void *loss_ud, bool want_layers, rm_sim *sim);
+void rm_sim_free(rm_ctx *ctx, rm_sim *sim);
+
+/* ---- the budget dynamic program over an abstract chain ---- */
+
+/* One layer of a chain, as the DP sees it (bytes and FLOPs). */
+typedef struct rm_chain_layer {
+  double keep_saved, keep_fwd, keep_bwd;  /* keep: kept bytes, forward/backward peaks */
+  double sel_saved, sel_bwd, sel_flops;   /* selective: kept bytes, bwd peak, extra FLOPs (<0: n/a) */
+  double in_bytes;                        /* the layer input (kept by a boundary) */
+  double flops;                           /* forward FLOPs (replayed under boundary/recompute) */
+} rm_chain_layer;
+
+/* Peak memory and recompute cost of actions[] on the chain (the DP's cost model). */
+void rm_chain_eval(const rm_chain_layer *c, int n, const rm_action *actions, double *peak,
+                   double *cost);
+/* The plan with the least recompute whose modelled peak is <= budget. Returns true and
+ * fills actions[] when one exists. */
+bool rm_chain_optimal(rm_ctx *ctx, const rm_chain_layer *c, int n, double budget,
+                      rm_action *actions, double *cost);
+
+#endif
