@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "lremat.h"
+#include "../core/backend.h"
 
 rm_tensor *rm_lua_test_tensor(lua_State *L, int idx) {
   rm_ltensor *b = luaL_testudata(L, idx, RM_TENSOR_MT);
@@ -90,6 +91,17 @@ static void read_attrs(lua_State *L, int idx, rm_attrs *a, const char *fn) {
   lua_pop(L, 1);
 }
 
+/* Input k (1-based) of an op at stack index idx: messages count inputs, not stack slots. */
+static rm_tensor *check_input(lua_State *L, int idx, int k, const char *fn) {
+  rm_ltensor *b = luaL_testudata(L, idx, RM_TENSOR_MT);
+  if (!b) {
+    if (lua_isnoneornil(L, idx)) rm_lua_errorf(L, "%s: input %d: expected a tensor, got nothing", fn, k);
+    rm_lua_errorf(L, "%s: input %d: expected a tensor or a number, got %s", fn, k, luaL_typename(L, idx));
+  }
+  if (!b->t) rm_lua_errorf(L, "%s: input %d: the tensor was freed", fn, k);
+  return b->t;
+}
+
 /* C.op(name, attrs, t1, ..., tn) -> outputs. Inputs may be nil only for variadic. */
 static int l_op(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
@@ -104,7 +116,7 @@ static int l_op(lua_State *L) {
   int nin = lua_gettop(L) - 2;
   if (nin > 64) return rm_lua_errorf(L, "%s: too many inputs", fn);
   rm_tensor *in[64];
-  for (int i = 0; i < nin; i++) in[i] = rm_lua_check_tensor(L, i + 3, fn);
+  for (int i = 0; i < nin; i++) in[i] = check_input(L, i + 3, i + 1, fn);
   rm_tensor *out[8] = { 0 };
   rm_ctx *ctx = rm_lua_ctx(L);
   if (rm_op_run(ctx, (rm_op_id)op, nin, in, &a, out) != RM_OK) return rm_lua_fail(L, fn);
@@ -169,6 +181,9 @@ static int l_from_table(lua_State *L) {
   int64_t shape[RM_MAX_DIM];
   int n = check_shape(L, 2, shape, "remat.tensor");
   rm_dtype dt = check_dtype(L, 3, RM_F32, "remat.tensor");
+  if (dt != RM_F32 && dt != RM_F64)
+    return rm_lua_errorf(L, "remat.tensor: %s tensors cannot be filled on the cpu (make a float32 one and convert it with :to)",
+                         rm_dtype_name(dt));
   rm_ctx *ctx = rm_lua_ctx(L);
   rm_tensor *t = rm_tensor_new(ctx, dt, RM_CPU, n, shape, RM_CAT_TEMP);
   if (!t) return rm_lua_fail(L, "remat.tensor");
@@ -258,9 +273,316 @@ static int l_info(lua_State *L) {
   return 4;
 }
 
+/* C.is_contiguous(t) */
+static int l_is_contiguous(lua_State *L) {
+  lua_pushboolean(L, rm_tensor_is_contiguous(rm_lua_check_tensor(L, 1, "is_contiguous")));
+  return 1;
+}
+
+/* C.strides(t) -> table of strides (elements), offset */
+static int l_strides(lua_State *L) {
+  rm_tensor *t = rm_lua_check_tensor(L, 1, "stride");
+  lua_createtable(L, t->ndim, 0);
+  for (int d = 0; d < t->ndim; d++) {
+    lua_pushinteger(L, t->stride[d]);
+    lua_rawseti(L, -2, d + 1);
+  }
+  lua_pushinteger(L, t->offset);
+  return 2;
+}
+
+/* C.same_storage(a, b): whether two tensors view the same storage */
+static int l_same_storage(lua_State *L) {
+  rm_tensor *a = rm_lua_check_tensor(L, 1, "same_storage");
+  rm_tensor *b = rm_lua_check_tensor(L, 2, "same_storage");
+  lua_pushboolean(L, a->storage && a->storage == b->storage);
+  return 1;
+}
+
+/* C.at(t, i1, ..., in) -> the element at 1-based indices (for printing big tensors) */
+static int l_at(lua_State *L) {
+  rm_tensor *t = rm_lua_check_tensor(L, 1, "at");
+  if (lua_gettop(L) - 1 != t->ndim)
+    return rm_lua_errorf(L, "at: %d indices for a %d-d tensor", lua_gettop(L) - 1, t->ndim);
+  t = on_cpu(L, t, "at");
+  int64_t off = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    lua_Integer i = luaL_checkinteger(L, d + 2);
+    if (i < 1 || i > t->shape[d]) {
+      rm_tensor_drop(rm_lua_ctx(L), t);
+      return rm_lua_errorf(L, "at: index %d is out of range for dimension %d of size %d", (int)i, d + 1,
+                           (int)t->shape[d]);
+    }
+    off += (i - 1) * t->stride[d];
+  }
+  const void *p = rm_tensor_ptr(t);
+  double v = t->dtype == RM_F64 ? ((const double *)p)[off] : ((const float *)p)[off];
+  rm_tensor_drop(rm_lua_ctx(L), t);
+  lua_pushnumber(L, v);
+  return 1;
+}
+
+/* C.arange(start, step, n, dtype) -> CPU 1-d tensor start, start+step, ... (n values) */
+static int l_arange(lua_State *L) {
+  double start = luaL_checknumber(L, 1), step = luaL_checknumber(L, 2);
+  lua_Integer n = luaL_checkinteger(L, 3);
+  rm_dtype dt = check_dtype(L, 4, RM_F32, "remat.arange");
+  if (n < 0) n = 0;
+  if (dt != RM_F32 && dt != RM_F64)
+    return rm_lua_errorf(L, "remat.arange: %s is not supported on the cpu", rm_dtype_name(dt));
+  int64_t shape[1] = { n };
+  rm_tensor *t = rm_tensor_new(rm_lua_ctx(L), dt, RM_CPU, 1, shape, rm_lua_ctx(L)->category);
+  if (!t) return rm_lua_fail(L, "remat.arange");
+  void *p = rm_tensor_ptr(t);
+  for (int64_t i = 0; i < n; i++) {
+    double v = start + (double)i * step;
+    if (dt == RM_F64) ((double *)p)[i] = v;
+    else ((float *)p)[i] = (float)v;
+  }
+  rm_lua_push_tensor(L, t, "remat.arange");
+  return 1;
+}
+
+/* Offset (elements) of row-major linear index i in a view of the given geometry. */
+static int64_t geo_offset(int ndim, const int64_t *shape, const int64_t *stride, int64_t i) {
+  int64_t off = 0;
+  for (int d = ndim - 1; d >= 0; d--) {
+    off += (i % shape[d]) * stride[d];
+    i /= shape[d];
+  }
+  return off;
+}
+
+/* Writes src (a number, or a tensor broadcastable to dst's shape) into the CPU view dst,
+ * through its strides. Raises errors naming fn. */
+static void assign(lua_State *L, rm_tensor *dst, int vidx, const char *fn) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (dst->device != RM_CPU)
+    rm_lua_errorf(L, "%s: writing into a %s tensor is not supported yet (write on the cpu, then move it)", fn,
+                  rm_device_name(dst->device));
+  if (dst->dtype != RM_F32 && dst->dtype != RM_F64)
+    rm_lua_errorf(L, "%s: writing into a %s tensor is not supported", fn, rm_dtype_name(dst->dtype));
+  if (rm_tensor_data_ready(ctx, dst)) rm_lua_fail(L, fn);
+  int64_t n = rm_tensor_numel(dst);
+  char *pd = rm_tensor_ptr(dst);
+  if (lua_type(L, vidx) == LUA_TNUMBER) {
+    double v = lua_tonumber(L, vidx);
+    for (int64_t i = 0; i < n; i++) {
+      int64_t o = geo_offset(dst->ndim, dst->shape, dst->stride, i);
+      if (dst->dtype == RM_F64) ((double *)pd)[o] = v;
+      else ((float *)pd)[o] = (float)v;
+    }
+    return;
+  }
+  rm_ltensor *b = luaL_testudata(L, vidx, RM_TENSOR_MT);
+  if (!b) rm_lua_errorf(L, "%s: expected a number or a tensor to assign, got %s", fn, luaL_typename(L, vidx));
+  if (!b->t) rm_lua_errorf(L, "%s: the tensor to assign was freed", fn);
+  rm_tensor *src = b->t;
+  char s1[96], s2[96];
+  if (src->device != RM_CPU)
+    rm_lua_errorf(L, "%s: the value is on %s but the target is on cpu", fn, rm_device_name(src->device));
+  if (src->dtype != RM_F32 && src->dtype != RM_F64)
+    rm_lua_errorf(L, "%s: cannot read a %s tensor on the cpu", fn, rm_dtype_name(src->dtype));
+  /* broadcast src to dst's shape: stride 0 on new and size-1 dimensions */
+  int64_t st[RM_MAX_DIM];
+  int off = dst->ndim - src->ndim;
+  bool ok = off >= 0;
+  for (int d = 0; ok && d < dst->ndim; d++) {
+    if (d < off) { st[d] = 0; continue; }
+    int64_t s = src->shape[d - off];
+    if (s == dst->shape[d]) st[d] = src->stride[d - off];
+    else if (s == 1) st[d] = 0;
+    else ok = false;
+  }
+  if (!ok)
+    rm_lua_errorf(L, "%s: cannot assign a tensor of size %s to a view of size %s", fn,
+                  rm_tensor_shape_str(src, s1, sizeof s1), rm_tensor_shape_str(dst, s2, sizeof s2));
+  if (rm_tensor_data_ready(ctx, src)) rm_lua_fail(L, fn);
+  /* a source sharing dst's storage is read from a copy, so overlapping writes are safe */
+  rm_tensor *tmp = NULL;
+  if (src->storage == dst->storage) {
+    tmp = rm_copy(ctx, src);
+    if (!tmp) rm_lua_fail(L, fn);
+    src = tmp;
+    for (int d = off; d < dst->ndim; d++)
+      if (st[d]) st[d] = src->stride[d - off];
+  }
+  const char *ps = rm_tensor_ptr(src);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t od = geo_offset(dst->ndim, dst->shape, dst->stride, i);
+    int64_t os = geo_offset(dst->ndim, dst->shape, st, i);
+    double v = src->dtype == RM_F64 ? ((const double *)ps)[os] : ((const float *)ps)[os];
+    if (dst->dtype == RM_F64) ((double *)pd)[od] = v;
+    else ((float *)pd)[od] = (float)v;
+  }
+  if (tmp) rm_tensor_drop(ctx, tmp);
+}
+
+/* C.assign(dst, value): fills the view dst with a number or a broadcastable tensor */
+static int l_assign(lua_State *L) {
+  const char *fn = luaL_optstring(L, 3, "fill_");
+  rm_tensor *dst = rm_lua_check_tensor(L, 1, fn);
+  if (dst->requires_grad && rm_lua_ctx(L)->grad_enabled)
+    return rm_lua_errorf(L, "%s: cannot write into a tensor that requires grad (use remat.no_grad or detach)", fn);
+  assign(L, dst, 2, fn);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* 0-based index along dim 0 from a Lua key (1-based, negative from the end). */
+static int64_t check_index(lua_State *L, rm_tensor *t, int kidx, const char *fn) {
+  if (t->ndim == 0) rm_lua_errorf(L, "%s: cannot index a 0-d tensor (use :item())", fn);
+  int ok;
+  lua_Integer i = lua_tointegerx(L, kidx, &ok);
+  if (!ok) rm_lua_errorf(L, "%s: the index must be an integer, got %s", fn, lua_tostring(L, kidx));
+  int64_t size = t->shape[0];
+  int64_t j = i < 0 ? size + i : i - 1;
+  if (i == 0 || j < 0 || j >= size)
+    rm_lua_errorf(L, "%s: index %I is out of range for dimension 1 of size %I (indices are 1-based)", fn,
+                  (lua_Integer)i, (lua_Integer)size);
+  return j;
+}
+
+static const char *const nofreed_check[] = { "free", "is_freed", "type", NULL };
+
+/* __index: x[i] (select along dim 1), x.grad, and methods (a freed tensor raises
+ * "<method>: the tensor was freed" as soon as a method is looked up). */
+static int t_index(lua_State *L) {
+  rm_ltensor *b = luaL_checkudata(L, 1, RM_TENSOR_MT);
+  if (lua_type(L, 2) == LUA_TNUMBER) {
+    if (!b->t) return rm_lua_errorf(L, "index: the tensor was freed");
+    int64_t j = check_index(L, b->t, 2, "index");
+    rm_lua_push_tensor(L, rm_select(rm_lua_ctx(L), b->t, 0, j), "index");
+    return 1;
+  }
+  if (lua_type(L, 2) != LUA_TSTRING) return 0;
+  const char *k = lua_tostring(L, 2);
+  if (!b->t) {
+    bool exempt = false;
+    for (int i = 0; nofreed_check[i]; i++) exempt = exempt || !strcmp(k, nofreed_check[i]);
+    lua_pushvalue(L, 2);
+    if (!exempt && lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL)
+      return rm_lua_errorf(L, "%s: the tensor was freed", k);
+    if (!exempt && !strcmp(k, "grad")) return rm_lua_errorf(L, "grad: the tensor was freed");
+    lua_pop(L, 1);
+  }
+  if (!strcmp(k, "grad")) {
+    if (!b->t->grad) return 0;
+    rm_tensor_hold(b->t->grad);
+    rm_lua_push_tensor(L, b->t->grad, "grad");
+    return 1;
+  }
+  lua_pushvalue(L, 2);
+  lua_rawget(L, lua_upvalueindex(1));
+  return 1;
+}
+
+/* __newindex: x[i] = number|tensor writes into the selected view; x.grad = g|nil. */
+static int t_newindex(lua_State *L) {
+  rm_ltensor *b = luaL_checkudata(L, 1, RM_TENSOR_MT);
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (lua_type(L, 2) == LUA_TNUMBER) {
+    if (!b->t) return rm_lua_errorf(L, "index assignment: the tensor was freed");
+    if (b->t->requires_grad && ctx->grad_enabled)
+      return rm_lua_errorf(L, "index assignment: cannot write into a tensor that requires grad (use remat.no_grad or detach)");
+    int64_t j = check_index(L, b->t, 2, "index assignment");
+    rm_tensor *v = rm_select(ctx, b->t, 0, j);
+    if (!v) return rm_lua_fail(L, "index assignment");
+    rm_lua_push_tensor(L, v, "index assignment"); /* owned by Lua: freed even if assign raises */
+    int vi = lua_gettop(L);
+    assign(L, v, 3, "index assignment");
+    rm_ltensor *vb = lua_touserdata(L, vi);
+    vb->t = NULL;
+    rm_tensor_drop(ctx, v);
+    return 0;
+  }
+  if (lua_type(L, 2) == LUA_TSTRING && !strcmp(lua_tostring(L, 2), "grad")) {
+    if (!b->t) return rm_lua_errorf(L, "grad: the tensor was freed");
+    rm_tensor *t = b->t, *g = NULL;
+    if (!lua_isnil(L, 3)) g = rm_lua_check_tensor(L, 3, "grad");
+    if (g && (!rm_same_shape(g, t) || g->dtype != t->dtype || g->device != t->device))
+      return rm_lua_errorf(L, "grad: the gradient must match the tensor's shape, dtype and device");
+    if (g) rm_tensor_hold(g);
+    if (t->grad) rm_tensor_drop(ctx, t->grad);
+    t->grad = g;
+    return 0;
+  }
+  return rm_lua_errorf(L, "tensor: cannot set field '%s' (only x[i] and x.grad can be assigned)",
+                       luaL_tolstring(L, 2, NULL));
+}
+
+/* __len: the size of the first dimension */
+static int t_len(lua_State *L) {
+  rm_tensor *t = rm_lua_check_tensor(L, 1, "#");
+  if (t->ndim == 0) return rm_lua_errorf(L, "#: a 0-d tensor has no length (use :item())");
+  lua_pushinteger(L, t->shape[0]);
+  return 1;
+}
+
+/* C.set_methods(Tensor): installs __index over the Lua method table. */
+static int l_set_methods(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_getmetatable(L, RM_TENSOR_MT);
+  lua_pushvalue(L, 1);
+  lua_pushcclosure(L, t_index, 1);
+  lua_setfield(L, -2, "__index");
+  return 0;
+}
+
+/* C.to_device(t, device) -> a copy of t on device (contiguous, same dtype and category).
+ * Not differentiable: the copy has no autograd history. */
+static int l_to_device(lua_State *L) {
+  rm_tensor *t = rm_lua_check_tensor(L, 1, "to");
+  rm_device dev = check_device(L, 2, "to");
+  rm_ctx *ctx = rm_lua_ctx(L);
+  const rm_backend *bdst = rm_backend_get(ctx, dev);
+  if (!bdst) return rm_lua_fail(L, dev == RM_CUDA ? "cuda" : "to");
+  rm_tensor *src = rm_contiguous(ctx, t);
+  if (!src) return rm_lua_fail(L, "to");
+  rm_category cat = src->storage ? src->storage->category : ctx->category;
+  rm_tensor *out = rm_tensor_new(ctx, src->dtype, dev, src->ndim, src->shape, cat);
+  if (!out) {
+    rm_tensor_drop(ctx, src);
+    return rm_lua_fail(L, "to");
+  }
+  size_t nb = rm_tensor_nbytes(src);
+  int rc = RM_OK;
+  if (nb && !ctx->dry) {
+    if (src->device == dev) {
+      rm_tensor *in1[1] = { src }, *out1[1] = { out };
+      rc = rm_op_into(ctx, RM_OP_COPY, 1, in1, NULL, 1, out1);
+    } else if (src->device == RM_CPU) {
+      rc = bdst->from_host(ctx, rm_tensor_ptr(out), rm_tensor_ptr(src), nb);
+    } else {
+      const rm_backend *bsrc = rm_backend_get(ctx, src->device);
+      rc = bsrc ? bsrc->to_host(ctx, rm_tensor_ptr(out), rm_tensor_ptr(src), nb) : (int)ctx->err_code;
+    }
+  }
+  rm_tensor_drop(ctx, src);
+  if (rc != RM_OK) {
+    rm_tensor_drop(ctx, out);
+    return rm_lua_fail(L, "to");
+  }
+  rm_lua_push_tensor(L, out, "to");
+  return 1;
+}
+
+static int push_names(lua_State *L, int n, const char *(*name)(int)) {
+  lua_createtable(L, 0, n);
+  for (int i = 0; i < n; i++) {
+    lua_pushinteger(L, i);
+    lua_setfield(L, -2, name(i));
+  }
+  return 1;
+}
+static const char *dtype_name_i(int i) { return rm_dtype_name((rm_dtype)i); }
+static const char *device_name_i(int i) { return rm_device_name((rm_device)i); }
+
 static const luaL_Reg tensor_mt[] = {
   { "__gc", t_free },
   { "__close", t_free },
+  { "__newindex", t_newindex },
+  { "__len", t_len },
   { NULL, NULL },
 };
 
@@ -273,6 +595,14 @@ static const luaL_Reg tensor_c[] = {
   { "flat", l_flat },
   { "item", l_item },
   { "info", l_info },
+  { "is_contiguous", l_is_contiguous },
+  { "strides", l_strides },
+  { "same_storage", l_same_storage },
+  { "at", l_at },
+  { "arange", l_arange },
+  { "assign", l_assign },
+  { "set_methods", l_set_methods },
+  { "to_device", l_to_device },
   { NULL, NULL },
 };
 
@@ -281,4 +611,8 @@ void rm_lua_open_tensor(lua_State *L) {
   luaL_setfuncs(L, tensor_mt, 0);
   lua_setfield(L, -2, "Tensor_mt");
   luaL_setfuncs(L, tensor_c, 0);
+  push_names(L, RM_DTYPE_COUNT, dtype_name_i);
+  lua_setfield(L, -2, "dtypes");
+  push_names(L, RM_DEVICE_COUNT, device_name_i);
+  lua_setfield(L, -2, "devices");
 }

@@ -1,39 +1,770 @@
--- The tensor API: factories, methods and operators over the C op call.
+-- The tensor API: factories, methods, operators and printing, over the C op call.
+--
+-- Conventions (Torch7's, with PyTorch's where Torch7 had none):
+--   * dimensions and indices are 1-based; negative ones count from the end (-1: last);
+--   * x[i] selects along dimension 1 (a view; a 1-d tensor gives a 0-d tensor);
+--   * factories take sizes as numbers or one table, then optionally a dtype and/or a
+--     device as strings, or an options table: remat.zeros(2, 3, "float64", "cuda"),
+--     remat.zeros({2, 3}, { dtype = "float64", device = "cuda", requires_grad = true });
+--   * remat.arange(start, stop[, step]) excludes stop (PyTorch's arange, not Torch7's range);
+--   * reductions drop the reduced dimension unless keepdim is true: x:sum(2, true);
+--   * x:to / x:contiguous / x:cpu / x:cuda return a new handle even when nothing changes
+--     (a view of the same data), so freeing or closing the result never frees x.
 local remat = package.loaded.remat
 local C = remat._C
 local mt = C.Tensor_mt
-local Tensor = {}
+local Tensor = remat.Tensor or {}
 remat.Tensor = Tensor
 
-local function op(name, attrs, ...) return C.op(name, attrs, ...) end
-remat._op = op
+local op = C.op
+local DIM_ALL = math.mininteger
+local DTYPE_ID, DEVICE_ID = C.dtypes, C.devices
+local DTYPE_ALIAS = { float = "float32", double = "float64", half = "float16", bf16 = "bfloat16" }
 
--- Shape from varargs or a table: randn(2, 3) or randn({2, 3}).
-local function shape_of(...)
-  local first = ...
-  if type(first) == "table" then return first end
-  return { ... }
+local function is_tensor(x) return getmetatable(x) == mt end
+remat.is_tensor = is_tensor
+
+-- Raises msg located at the first caller outside remat's own Lua code (as the C side does).
+local function fail(msg)
+  local getinfo = debug and debug.getinfo
+  if getinfo then
+    local level = 2
+    while true do
+      local info = getinfo(level, "Sl")
+      if not info then break end
+      if info.currentline > 0 and not info.source:find("^=%[remat%]") then
+        error(info.short_src .. ":" .. info.currentline .. ": " .. msg, 0)
+      end
+      level = level + 1
+    end
+  end
+  error(msg, 0)
+end
+remat._fail = fail
+
+local function describe(v)
+  if is_tensor(v) then return "a tensor" end
+  if type(v) == "nil" then return "nothing" end
+  return type(v) .. " " .. tostring(v)
 end
 
-function remat.full(shape, value, dtype, device) return C.full(shape, value, dtype, device) end
-function remat.zeros(...) return C.full(shape_of(...), 0) end
-function remat.ones(...) return C.full(shape_of(...), 1) end
+local function check_tensor(fn, v, what)
+  if not is_tensor(v) then fail(("%s: %s must be a tensor, got %s"):format(fn, what or "argument", describe(v))) end
+  if C.is_freed(v) then fail(fn .. ": the tensor was freed") end
+  return v
+end
 
-function Tensor:shape() local s = C.info(self) return s end
-function Tensor:dim() return #(C.info(self)) end
-function Tensor:numel() local n = 1 for _, d in ipairs(C.info(self)) do n = n * d end return n end
-function Tensor:dtype() local _, dt = C.info(self) return dt end
-function Tensor:device() local _, _, dev = C.info(self) return dev end
-function Tensor:item() return C.item(self) end
+local function check_int(fn, v, what)
+  local i = math.type(v) == "integer" and v or (type(v) == "number" and math.tointeger(v))
+  if not i then fail(("%s: %s must be an integer, got %s"):format(fn, what, describe(v))) end
+  return i
+end
+
+local function info(x) return C.info(x) end
+
+-- 1-based (or negative) Lua dim -> 0-based (or negative) C dim, checked against ndim.
+local function cdim(fn, d, ndim)
+  d = check_int(fn, d, "the dimension")
+  local n = math.max(ndim, 1)
+  if d == 0 or d > n or d < -n then
+    fail(("%s: dimension %d is out of range for a %d-d tensor (dimensions are 1-based: 1..%d, or -1..-%d)")
+      :format(fn, d, ndim, n, n))
+  end
+  return d > 0 and d - 1 or d + ndim
+end
+
+-- ---- dtype / device / sizes ----
+
+local function check_dtype(fn, s)
+  s = DTYPE_ALIAS[s] or s
+  if DTYPE_ID[s] == nil then
+    fail(("%s: unknown dtype '%s' (float32, float64, bfloat16, float16)"):format(fn, tostring(s)))
+  end
+  return s
+end
+
+local function check_device(fn, s)
+  if DEVICE_ID[s] == nil then fail(("%s: unknown device '%s' (cpu, cuda)"):format(fn, tostring(s))) end
+  return s
+end
+
+-- Reads trailing options (strings or one table) from args[first..n] into o.
+local function read_opts(fn, args, first, n, o)
+  for k = first, n do
+    local a = args[k]
+    if type(a) == "string" then
+      local s = DTYPE_ALIAS[a] or a
+      if DTYPE_ID[s] then o.dtype = s
+      elseif DEVICE_ID[s] then o.device = s
+      else fail(("%s: '%s' is neither a dtype (float32, float64, bfloat16, float16) nor a device (cpu, cuda)"):format(fn, a)) end
+    elseif type(a) == "table" then
+      for key, v in pairs(a) do
+        if key == "dtype" then o.dtype = check_dtype(fn, v)
+        elseif key == "device" then o.device = check_device(fn, v)
+        elseif key == "requires_grad" then o.requires_grad = v and true or false
+        else fail(("%s: unknown option '%s' (dtype, device, requires_grad)"):format(fn, tostring(key))) end
+      end
+    elseif a ~= nil then
+      fail(("%s: argument %d: expected a size, a dtype, a device or an options table, got %s"):format(fn, k, describe(a)))
+    end
+  end
+  o.dtype = o.dtype or "float32"
+  o.device = o.device or "cpu"
+  return o
+end
+
+local function check_sizes(fn, s)
+  local out = {}
+  if #s > 8 then fail(("%s: at most 8 dimensions (got %d)"):format(fn, #s)) end
+  for i = 1, #s do
+    local v = check_int(fn, s[i], "size " .. i)
+    if v < 0 then fail(("%s: size %d is negative (%d)"):format(fn, i, v)) end
+    out[i] = v
+  end
+  return out
+end
+
+-- Sizes (numbers, or one table first) then options: returns sizes, opts.
+local function sizes_opts(fn, ...)
+  local args, n = { ... }, select("#", ...)
+  local sizes, k = {}, 1
+  if type(args[1]) == "table" then
+    sizes, k = args[1], 2
+  else
+    while k <= n and type(args[k]) == "number" do sizes[#sizes + 1] = args[k]; k = k + 1 end
+  end
+  return check_sizes(fn, sizes), read_opts(fn, args, k, n, {})
+end
+
+local function finish(t, o)
+  if o.requires_grad then C.requires_grad(t, true) end
+  return t
+end
+
+-- Converts a float32 CPU tensor t to o.dtype / o.device (freeing t when replaced).
+local function place(t, o)
+  if o.device ~= "cpu" then
+    local m = C.to_device(t, o.device)
+    C.free(t)
+    t = m
+  end
+  if select(2, C.info(t)) ~= o.dtype then
+    local c = op("cast", { i = { DTYPE_ID[o.dtype] } }, t)
+    C.free(t)
+    t = c
+  end
+  return t
+end
+
+-- ---- factories ----
+
+function remat.full(size, value, ...)
+  local fn = "remat.full"
+  if type(size) == "number" then size = { size } end
+  if type(size) ~= "table" then fail(fn .. ": expected a size table such as {2, 3}, got " .. describe(size)) end
+  if type(value) ~= "number" then fail(fn .. ": the value must be a number, got " .. describe(value)) end
+  local s = check_sizes(fn, size)
+  local o = read_opts(fn, { ... }, 1, select("#", ...), {})
+  return finish(C.full(s, value, o.dtype, o.device), o)
+end
+
+function remat.zeros(...)
+  local s, o = sizes_opts("remat.zeros", ...)
+  return finish(C.full(s, 0, o.dtype, o.device), o)
+end
+
+function remat.ones(...)
+  local s, o = sizes_opts("remat.ones", ...)
+  return finish(C.full(s, 1, o.dtype, o.device), o)
+end
+
+local function random(name)
+  return function(...)
+    local s, o = sizes_opts("remat." .. name, ...)
+    return finish(op(name, { i = { DTYPE_ID[o.dtype], DEVICE_ID[o.device] }, shape = s }), o)
+  end
+end
+remat.rand = random("rand")     -- uniform in [0, 1)
+remat.randn = random("randn")   -- standard normal
+
+function remat.zeros_like(x) check_tensor("remat.zeros_like", x) return remat.zeros(x:shape(), x:dtype(), x:device()) end
+function remat.ones_like(x) check_tensor("remat.ones_like", x) return remat.ones(x:shape(), x:dtype(), x:device()) end
+function remat.full_like(x, v) check_tensor("remat.full_like", x) return remat.full(x:shape(), v, x:dtype(), x:device()) end
+
+-- arange(stop), arange(start, stop[, step], opts...): start, start+step, ... < stop.
+function remat.arange(...)
+  local fn = "remat.arange"
+  local args, n = { ... }, select("#", ...)
+  local nums = 0
+  while nums < n and type(args[nums + 1]) == "number" do nums = nums + 1 end
+  if nums == 0 or nums > 3 then fail(fn .. ": expected (stop), (start, stop) or (start, stop, step)") end
+  local start, stop, step = 0, args[1], 1
+  if nums >= 2 then start, stop = args[1], args[2] end
+  if nums == 3 then step = args[3] end
+  if step == 0 then fail(fn .. ": the step is 0") end
+  local count = math.ceil((stop - start) / step)
+  if count ~= count or count == math.huge then fail(fn .. ": the range is not finite") end
+  count = math.max(0, count)
+  if count > 2 ^ 40 then fail(("%s: %.0f values is absurd"):format(fn, count)) end
+  local o = read_opts(fn, args, nums + 1, n, {})
+  local cpu_dtype = o.dtype == "float64" and "float64" or "float32"
+  local t = C.arange(start, step, math.tointeger(count), cpu_dtype)
+  return finish(place(t, o), o)
+end
+
+-- Flat values and shape of nested tables; ragged or non-numeric input is an error.
+local function flatten(fn, data)
+  local shape, v = {}, data
+  while type(v) == "table" and not is_tensor(v) do
+    shape[#shape + 1] = #v
+    if #shape > 8 then fail(fn .. ": more than 8 levels of nesting") end
+    v = v[1]
+  end
+  local flat = {}
+  local function walk(t, depth, where)
+    if depth > #shape then
+      local x = t
+      if type(x) == "boolean" then x = x and 1 or 0 end
+      if type(x) ~= "number" then
+        fail(("%s: element %s is %s, expected a number"):format(fn, where == "" and "[1]" or where, describe(t)))
+      end
+      flat[#flat + 1] = x
+      return
+    end
+    if type(t) ~= "table" then
+      fail(("%s: ragged input: element %s is %s, expected a table of %d values"):format(fn, where, describe(t), shape[depth]))
+    end
+    if #t ~= shape[depth] then
+      fail(("%s: ragged input: element %s has %d values, expected %d"):format(fn, where == "" and "(top)" or where, #t, shape[depth]))
+    end
+    for i = 1, #t do walk(t[i], depth + 1, where .. "[" .. i .. "]") end
+  end
+  walk(data, 1, "")
+  return flat, shape
+end
+
+-- remat.tensor(nested tables or a number [, dtype/device/options])
+function remat.tensor(data, ...)
+  local fn = "remat.tensor"
+  local o = read_opts(fn, { ... }, 1, select("#", ...), {})
+  if is_tensor(data) then return finish(data:to(o.dtype):to(o.device), o) end
+  if type(data) ~= "table" and type(data) ~= "number" then
+    fail(fn .. ": expected nested tables of numbers, got " .. describe(data))
+  end
+  local flat, shape = flatten(fn, data)
+  local cpu_dtype = o.dtype == "float64" and "float64" or "float32"
+  return finish(place(C.from_table(flat, shape, cpu_dtype), o), o)
+end
+
+-- ---- information ----
+
+function Tensor:shape() return (info(self)) end
+function Tensor:size(d)
+  local s = info(self)
+  if d == nil then return s end
+  return s[cdim("size", d, #s) + 1]
+end
+function Tensor:dim() return #(info(self)) end
+function Tensor:numel() local n = 1 for _, d in ipairs(info(self)) do n = n * d end return n end
+function Tensor:dtype() local _, dt = info(self) return dt end
+function Tensor:device() local _, _, dev = info(self) return dev end
+function Tensor:stride() return (C.strides(self)) end
+function Tensor:is_contiguous() return C.is_contiguous(self) end
 function Tensor:free() C.free(self) end
+function Tensor:is_freed() return C.is_freed(self) end
+
+local TYPE_NAMES = { float32 = "Float", float64 = "Double", bfloat16 = "BFloat16", float16 = "Half" }
+-- Torch7's type name: remat.FloatTensor, remat.DoubleTensor, remat.CudaTensor, ...
+function Tensor:type()
+  if C.is_freed(self) then return "remat.Tensor" end
+  local _, dt, dev = info(self)
+  if dev == "cuda" then
+    return "remat.Cuda" .. (dt == "float32" and "" or TYPE_NAMES[dt]) .. "Tensor"
+  end
+  return "remat." .. TYPE_NAMES[dt] .. "Tensor"
+end
+
+-- A CPU float tensor with self's values (self when it already is one; else a copy).
+local function readable(x)
+  local _, dt, dev = info(x)
+  local t, owned = x, false
+  if dt ~= "float32" and dt ~= "float64" then t, owned = op("cast", { i = { DTYPE_ID.float32 } }, t), true end
+  if dev ~= "cpu" then
+    local m = C.to_device(t, "cpu")
+    if owned then C.free(t) end
+    t, owned = m, true
+  end
+  return t, owned
+end
+
+function Tensor:item() return C.item(self) end
+
+-- Nested tables of numbers (a number for a 0-d tensor).
+function Tensor:totable()
+  local t, owned = readable(self)
+  local flat, shape = C.flat(t), info(t)
+  if owned then C.free(t) end
+  if #shape == 0 then return flat[1] end
+  local pos = 0
+  local function build(d)
+    local r = {}
+    for i = 1, shape[d] do
+      if d == #shape then pos = pos + 1; r[i] = flat[pos] else r[i] = build(d + 1) end
+    end
+    return r
+  end
+  return build(1)
+end
+
+-- ---- views ----
+
+-- Sizes from varargs or one table, with at most one -1 resolved against numel.
+local function target_sizes(fn, x, ...)
+  local s = ...
+  if type(s) ~= "table" then s = { ... } end
+  local out, infer, known = {}, nil, 1
+  if #s > 8 then fail(("%s: at most 8 dimensions (got %d)"):format(fn, #s)) end
+  for i = 1, #s do
+    local v = check_int(fn, s[i], "size " .. i)
+    if v == -1 then
+      if infer then fail(fn .. ": only one size may be -1") end
+      infer = i
+    elseif v < 0 then
+      fail(("%s: size %d is negative (%d)"):format(fn, i, v))
+    else
+      known = known * v
+    end
+    out[i] = v
+  end
+  if infer then
+    local n = x:numel()
+    if known == 0 or n % known ~= 0 then
+      fail(("%s: cannot infer the size -1: %d elements do not divide into %s"):format(fn, n, table.concat(s, "x")))
+    end
+    out[infer] = n // known
+  end
+  return out
+end
+
+function Tensor:view(...) return op("view", { shape = target_sizes("view", self, ...) }, self) end
+
+function Tensor:reshape(...)
+  local s = target_sizes("reshape", self, ...)
+  if C.is_contiguous(self) then return op("view", { shape = s }, self) end
+  local c = op("copy", nil, self)
+  local v = op("view", { shape = s }, c)
+  C.free(c)
+  return v
+end
+
+-- A new handle on the same data (with autograd history): what no-op conversions return.
+local function alias(x) return op("expand", { shape = info(x) }, x) end
+
+function Tensor:contiguous()
+  if C.is_contiguous(self) then return alias(self) end
+  return op("copy", nil, self)
+end
+
+function Tensor:clone() return op("copy", nil, self) end
+
+function Tensor:transpose(a, b)
+  local nd = #info(self)
+  return op("transpose", { i = { cdim("transpose", a, nd), cdim("transpose", b, nd) } }, self)
+end
+
+function Tensor:t()
+  local nd = #info(self)
+  if nd ~= 2 then fail(("t: expected a 2-d tensor, got a %d-d one (use transpose)"):format(nd)) end
+  return op("transpose", { i = { 0, 1 } }, self)
+end
+
+-- 1-based position (negative counts from the end) -> 0-based, checked against size.
+local function cindex(fn, i, size, what)
+  i = check_int(fn, i, what)
+  local j = i < 0 and size + i or i - 1
+  if i == 0 or j < 0 or j >= size then
+    fail(("%s: %s %d is out of range for a dimension of size %d (indices are 1-based)"):format(fn, what, i, size))
+  end
+  return j
+end
+
+function Tensor:narrow(dim, start, len)
+  local s = info(self)
+  local d = cdim("narrow", dim, #s)
+  if #s == 0 then fail("narrow: cannot narrow a 0-d tensor") end
+  len = check_int("narrow", len, "the length")
+  if len < 0 then fail(("narrow: the length is negative (%d)"):format(len)) end
+  local st = check_int("narrow", start, "the start")
+  local j = st < 0 and s[d + 1] + st or st - 1
+  if st == 0 or j < 0 or j + len > s[d + 1] then
+    fail(("narrow: start %d and length %d are out of range for dimension %d of size %d"):format(st, len, dim, s[d + 1]))
+  end
+  return op("narrow", { i = { d, j, len } }, self)
+end
+
+function Tensor:select(dim, i)
+  local s = info(self)
+  if #s == 0 then fail("select: cannot select from a 0-d tensor (use :item())") end
+  local d = cdim("select", dim, #s)
+  return op("select", { i = { d, cindex("select", i, s[d + 1], "index") } }, self)
+end
+
+-- expand(sizes): sizes of 1 stretch, -1 keeps a size, new leading dimensions are allowed.
+function Tensor:expand(...)
+  local s = ...
+  if type(s) ~= "table" then s = { ... } end
+  local cur = info(self)
+  local out, off = {}, #s - #cur
+  if #s > 8 then fail(("expand: at most 8 dimensions (got %d)"):format(#s)) end
+  for i = 1, #s do
+    local v = check_int("expand", s[i], "size " .. i)
+    if v == -1 then
+      if i <= off then fail(("expand: size %d is -1 for a new dimension"):format(i)) end
+      v = cur[i - off]
+    elseif v < 0 then
+      fail(("expand: size %d is negative (%d)"):format(i, v))
+    end
+    out[i] = v
+  end
+  return op("expand", { shape = out }, self)
+end
+
+function Tensor:expand_as(other) return self:expand(info(check_tensor("expand_as", other))) end
+
+-- ---- arithmetic ----
+
+-- A 0-d tensor holding number v, like x (dtype and device).
+local function scalar_like(v, x)
+  local _, dt, dev = info(x)
+  return C.full({}, v, dt, dev)
+end
+
+local function binary(name, scalar_right, scalar_left)
+  return function(a, b)
+    if type(b) == "number" and is_tensor(a) then return scalar_right(a, b) end
+    if type(a) == "number" and is_tensor(b) then return scalar_left(a, b) end
+    return op(name, nil, a, b)
+  end
+end
+
+local function neg(x) return op("neg", nil, x) end
+
+mt.__add = binary("add", function(x, s) return op("add_scalar", { f = { s } }, x) end,
+                  function(s, x) return op("add_scalar", { f = { s } }, x) end)
+mt.__sub = binary("sub", function(x, s) return op("add_scalar", { f = { -s } }, x) end,
+                  function(s, x)
+                    local n = neg(x)
+                    local r = op("add_scalar", { f = { s } }, n)
+                    C.free(n)
+                    return r
+                  end)
+mt.__mul = binary("mul", function(x, s) return op("mul_scalar", { f = { s } }, x) end,
+                  function(s, x) return op("mul_scalar", { f = { s } }, x) end)
+-- x / s multiplies by 1/s (one rounding more than a true division, much faster than broadcasting)
+mt.__div = binary("div", function(x, s) return op("mul_scalar", { f = { 1 / s } }, x) end,
+                  function(s, x) return op("rdiv_scalar", { f = { s } }, x) end)
+mt.__pow = binary("pow", function(x, s) return op("pow_scalar", { f = { s } }, x) end,
+                  function(s, x)
+                    if s <= 0 then fail(("pow: %s ^ tensor needs a positive base"):format(s)) end
+                    local m = op("mul_scalar", { f = { math.log(s) } }, x)
+                    local r = op("exp", nil, m)
+                    C.free(m)
+                    return r
+                  end)
+mt.__unm = neg
+mt.__name = "remat.Tensor"
+
+Tensor.add = mt.__add
+Tensor.sub = mt.__sub
+Tensor.mul = mt.__mul
+Tensor.div = mt.__div
+Tensor.neg = neg
+function Tensor:pow(e)
+  if type(e) == "number" then return op("pow_scalar", { f = { e } }, self) end
+  return op("pow", nil, self, e)
+end
 
 function Tensor:matmul(other) return op("matmul", nil, self, other) end
+Tensor.mm = Tensor.matmul
 
-mt.__index = Tensor
-mt.__add = function(a, b) return op("add", nil, a, b) end
-mt.__tostring = function(t)
-  local s = C.info(t)
-  return string.format("[remat.FloatTensor of size %s]", table.concat(s, "x"))
+for _, name in ipairs({ "exp", "log", "tanh", "sqrt", "abs", "sigmoid", "relu", "gelu", "silu" }) do
+  Tensor[name] = function(self) return op(name, nil, self) end
 end
+
+-- Reductions: dim nil reduces everything (to a 0-d tensor).
+local function reduce_attrs(fn, x, dim, keepdim)
+  if dim == nil then return { i = { DIM_ALL, keepdim and 1 or 0 } } end
+  return { i = { cdim(fn, dim, #info(x)), keepdim and 1 or 0 } }
+end
+
+function Tensor:sum(dim, keepdim) return op("sum", reduce_attrs("sum", self, dim, keepdim), self) end
+function Tensor:mean(dim, keepdim) return op("mean", reduce_attrs("mean", self, dim, keepdim), self) end
+-- max(dim) -> values, indices (1-based); max() -> the largest value as a 0-d tensor.
+function Tensor:max(dim, keepdim)
+  local v, i = op("max", reduce_attrs("max", self, dim, keepdim), self)
+  if dim == nil then
+    C.free(i)
+    return v
+  end
+  return v, i
+end
+function Tensor:argmax(dim, keepdim) return op("argmax", reduce_attrs("argmax", self, dim, keepdim), self) end
+
+-- softmax(dim) / log_softmax(dim); dim defaults to the last one.
+function Tensor:softmax(dim)
+  return op("softmax", { i = { dim == nil and -1 or cdim("softmax", dim, #info(self)) } }, self)
+end
+function Tensor:log_softmax(dim)
+  return op("log_softmax", { i = { dim == nil and -1 or cdim("log_softmax", dim, #info(self)) } }, self)
+end
+
+-- Comparisons give 1 (true) or 0 (false) in the tensors' dtype.
+for _, name in ipairs({ "eq", "ne", "lt", "le", "gt", "ge" }) do
+  Tensor[name] = function(self, other)
+    if type(other) == "number" then
+      local s = scalar_like(other, self)
+      local r = op(name, nil, self, s)
+      C.free(s)
+      return r
+    end
+    return op(name, nil, self, other)
+  end
+end
+
+-- where(cond, a, b): a where cond is nonzero, else b; a or b may be numbers.
+function remat.where(cond, a, b)
+  local fn = "remat.where"
+  check_tensor(fn, cond, "the condition")
+  local like = is_tensor(a) and a or is_tensor(b) and b or cond
+  local tmp = {}
+  if type(a) == "number" then a = scalar_like(a, like); tmp[#tmp + 1] = a end
+  if type(b) == "number" then b = scalar_like(b, like); tmp[#tmp + 1] = b end
+  local r = op("where", nil, cond, a, b)
+  for _, t in ipairs(tmp) do C.free(t) end
+  return r
+end
+
+-- cat({t1, t2, ...}, dim): concatenation along dim (default 1).
+function remat.cat(list, dim)
+  local fn = "remat.cat"
+  if type(list) ~= "table" or is_tensor(list) then fail(fn .. ": expected a list of tensors, got " .. describe(list)) end
+  if #list == 0 then fail(fn .. ": the list is empty") end
+  for i = 1, #list do check_tensor(fn, list[i], "element " .. i) end
+  return op("concat", { i = { cdim(fn, dim or 1, #info(list[1])) } }, table.unpack(list))
+end
+
+-- Index tensors: tensors, or Lua tables of 1-based indices (converted to x's dtype and device).
+local function index_arg(fn, x, idx)
+  if is_tensor(idx) then return idx, false end
+  if type(idx) ~= "table" then fail(fn .. ": the indices must be a tensor or a table, got " .. describe(idx)) end
+  return remat.tensor(idx, x:dtype(), x:device()), true
+end
+
+function Tensor:gather(dim, idx)
+  local i, owned = index_arg("gather", self, idx)
+  local r = op("gather", { i = { cdim("gather", dim, #info(self)) } }, self, i)
+  if owned then C.free(i) end
+  return r
+end
+
+function Tensor:index_select(dim, idx)
+  local i, owned = index_arg("index_select", self, idx)
+  local r = op("index_select", { i = { cdim("index_select", dim, #info(self)) } }, self, i)
+  if owned then C.free(i) end
+  return r
+end
+
+-- fill_(v): writes v (a number or a broadcastable tensor) into every element; returns self.
+function Tensor:fill_(v) return C.assign(self, v, "fill_") end
+function Tensor:zero_() return C.assign(self, 0, "zero_") end
+
+-- ---- devices and dtypes ----
+
+-- to(dtype or device, or {dtype=, device=}): a converted copy, or a new handle when nothing changes.
+function Tensor:to(what)
+  local o = {}
+  if type(what) == "string" then
+    local s = DTYPE_ALIAS[what] or what
+    if DTYPE_ID[s] then o.dtype = s
+    elseif DEVICE_ID[s] then o.device = s
+    else fail(("to: '%s' is neither a dtype (float32, float64, bfloat16, float16) nor a device (cpu, cuda)"):format(what)) end
+  elseif type(what) == "table" then
+    o.dtype = what.dtype and check_dtype("to", what.dtype)
+    o.device = what.device and check_device("to", what.device)
+  else
+    fail("to: expected a dtype or a device name, got " .. describe(what))
+  end
+  local _, dt, dev = info(self)
+  local x, owned = self, false
+  if o.device and o.device ~= dev then
+    -- a cast to bfloat16/float16 happens on the device that supports it
+    if o.dtype and o.dtype ~= dt and o.device ~= "cpu" then
+      x = C.to_device(x, o.device)
+      local c = op("cast", { i = { DTYPE_ID[o.dtype] } }, x)
+      C.free(x)
+      return c
+    end
+    x, owned = C.to_device(x, o.device), true
+  end
+  if o.dtype and o.dtype ~= dt then
+    local c = op("cast", { i = { DTYPE_ID[o.dtype] } }, x)
+    if owned then C.free(x) end
+    return c
+  end
+  if owned then return x end
+  return alias(self)
+end
+
+function Tensor:cuda() return self:to("cuda") end
+function Tensor:cpu() return self:to("cpu") end
+function Tensor:float() return self:to("float32") end
+function Tensor:double() return self:to("float64") end
+
+remat.cuda = remat.cuda or {}
+-- true when the CUDA backend loads and finds a device; never prints.
+function remat.cuda.available()
+  local ok = C.device_available("cuda")
+  return ok and true or false
+end
+
+-- ---- printing (Torch7 style) ----
+
+local EDGE, SUMMARY_AT = 3, 1000
+
+-- Number -> string with the chosen format.
+local function fmt_value(v, f)
+  if v ~= v then return "nan" end
+  if v == math.huge then return "inf" end
+  if v == -math.huge then return "-inf" end
+  local s = string.format(f, v)
+  if s == "-0" then s = "0" end
+  return s
+end
+
+-- One format for every displayed value: integers, fixed point, or exponents.
+local function choose_format(vals)
+  local maxabs, minabs, allint = 0, math.huge, true
+  for _, v in ipairs(vals) do
+    if v == v and v ~= math.huge and v ~= -math.huge then
+      local a = math.abs(v)
+      if a > maxabs then maxabs = a end
+      if a > 0 and a < minabs then minabs = a end
+      if v ~= math.floor(v) then allint = false end
+    end
+  end
+  if allint and maxabs < 1e9 then return "%.0f" end
+  if maxabs >= 1e5 or (maxabs > 0 and maxabs < 1e-3) or (minabs < math.huge and maxabs / minabs >= 1e5) then
+    return "%.4e"
+  end
+  return "%.4f"
+end
+
+-- Positions shown along a dimension of size n (false: the elided middle).
+local function positions(n, summarize)
+  local p = {}
+  if summarize and n > 2 * EDGE then
+    for i = 1, EDGE do p[#p + 1] = i end
+    p[#p + 1] = false
+    for i = n - EDGE + 1, n do p[#p + 1] = i end
+  else
+    for i = 1, n do p[i] = i end
+  end
+  return p
+end
+
+local function format_tensor(x)
+  if C.is_freed(x) then return "[remat.Tensor, freed]" end
+  local shape = info(x)
+  local name = x:type()
+  local nd, numel = #shape, x:numel()
+  if numel == 0 then return ("[%s of size %s]"):format(name, table.concat(shape, "x")) end
+  local t, owned = readable(x)
+  local summarize = numel > SUMMARY_AT
+  local flat = not summarize and C.flat(t) or nil
+  local strides = {}
+  do
+    local s = 1
+    for d = nd, 1, -1 do strides[d] = s; s = s * shape[d] end
+  end
+  local idx = {}
+  local function value()
+    if flat then
+      local k = 1
+      for d = 1, nd do k = k + (idx[d] - 1) * strides[d] end
+      return flat[k]
+    end
+    return C.at(t, table.unpack(idx, 1, nd))
+  end
+  local out = {}
+  if nd == 0 then
+    local v = value()
+    out[1] = fmt_value(v, choose_format({ v }))
+  else
+    -- the displayed elements as a list of rows: { header = ..., vals = {...} } or false (elided)
+    local rows, all = {}, {}
+    local rdim, cdimn = nd == 1 and 1 or nd - 1, nd
+    local lead = {}
+    for d = 1, nd - 2 do lead[d] = positions(shape[d], summarize) end
+    local function each_slice(d)
+      if d > nd - 2 then
+        if nd >= 3 then
+          local h = {}
+          for k = 1, nd - 2 do h[k] = idx[k] end
+          rows[#rows + 1] = { header = "(" .. table.concat(h, ",") .. ",.,.) = " }
+        end
+        for _, r in ipairs(positions(shape[rdim], summarize)) do
+          if not r then rows[#rows + 1] = { ellipsis = true }
+          else
+            idx[rdim] = r
+            local vals = {}
+            if nd == 1 then
+              vals[1] = value()
+            else
+              for _, c in ipairs(positions(shape[cdimn], summarize)) do
+                if c then idx[cdimn] = c; vals[#vals + 1] = value() else vals[#vals + 1] = false end
+              end
+            end
+            for _, v in ipairs(vals) do if v then all[#all + 1] = v end end
+            rows[#rows + 1] = { vals = vals }
+          end
+        end
+        return
+      end
+      for _, p in ipairs(lead[d]) do
+        if not p then rows[#rows + 1] = { ellipsis = true, slices = true }
+        else idx[d] = p; each_slice(d + 1) end
+      end
+    end
+    each_slice(1)
+    local f = choose_format(all)
+    local width = 1
+    for _, v in ipairs(all) do width = math.max(width, #fmt_value(math.abs(v), f) + 1, #fmt_value(v, f)) end
+    local first = true
+    for _, r in ipairs(rows) do
+      if r.header then
+        if not first then out[#out + 1] = "" end
+        out[#out + 1] = r.header
+      elseif r.ellipsis then
+        if r.slices and not first then out[#out + 1] = "" end
+        out[#out + 1] = string.rep(" ", width - 3) .. "..."
+      else
+        local cells = {}
+        for k, v in ipairs(r.vals) do
+          cells[k] = v and string.format("%" .. width .. "s", fmt_value(v, f)) or string.rep(" ", width - 3) .. "..."
+        end
+        out[#out + 1] = table.concat(cells, " ")
+      end
+      first = false
+    end
+  end
+  if owned then C.free(t) end
+  local size = nd == 0 and "scalar" or "of size " .. table.concat(shape, "x")
+  out[#out + 1] = ("[%s %s]"):format(name, size)
+  return table.concat(out, "\n")
+end
+
+mt.__tostring = format_tensor
+
+C.set_methods(Tensor)
 
 return Tensor
