@@ -100,6 +100,21 @@ int rm_module_to(rm_ctx *ctx, rm_module *m, rm_device dev, rm_dtype dt);
 /* "Linear(784 -> 256)"-style description into buf; returns buf. */
 char *rm_module_describe(const rm_module *m, char *buf, size_t n);
 
+/* ---- helpers for module types (core/nn_*.c) ---- */
+
+/* New parameter tensors (float32, CPU, category param, leaf, requires_grad): uniform in
+ * [-bound, bound), standard normal, or filled with value. NULL with the error set. */
+rm_tensor *rm_param_uniform(rm_ctx *ctx, int ndim, const int64_t *shape, double bound);
+rm_tensor *rm_param_normal(rm_ctx *ctx, int ndim, const int64_t *shape);
+rm_tensor *rm_param_full(rm_ctx *ctx, int ndim, const int64_t *shape, double value);
+/* A contiguous copy of t on dev in category cat, outside autograd (used to move
+ * parameters and loaded values between devices). NULL with the error set. */
+rm_tensor *rm_nn_transfer(rm_ctx *ctx, rm_tensor *t, rm_device dev, rm_category cat);
+/* Checks that x has at least min_dim dims and d features in its last one; the error
+ * names the module (its description) and both sizes. */
+int rm_module_check_features(rm_ctx *ctx, const rm_module *m, const rm_tensor *x, int min_dim,
+                             int64_t d);
+
 /* ---- constructors (each returns a module with refcount 1, or NULL with the error
  * set). Parameters are float32 on the CPU, initialised as PyTorch does by default from
  * the ctx generator. ---- */

@@ -2,4 +2,5 @@
 local remat = package.loaded.remat
 require "remat.tensor"
 require "remat.autograd"
+require "remat.nn"
 return remat
