@@ -47,6 +47,12 @@ rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return reduc
 
 /* ---- shapes ---- */
 
+/* rm_check_dim, also accepting -1 for a 0-d tensor (as 0 is): PyTorch's convention. */
+static int check_dim(rm_ctx *ctx, const char *op, int64_t dim, int ndim, int *d) {
+  if (ndim == 0 && dim == -1) { *d = 0; return RM_OK; }
+  return rm_check_dim(ctx, op, dim, ndim, d);
+}
+
 /* Output meta of reducing `in` over attr dim (i[0]) with keepdim (i[1]); *d receives
  * the normalised dim (-1: every dim). Raises on a dim out of range. */
 static int reduced_meta(rm_ctx *ctx, const char *op, rm_tensor *in, const rm_attrs *a,
@@ -54,13 +60,13 @@ static int reduced_meta(rm_ctx *ctx, const char *op, rm_tensor *in, const rm_att
   rm_tensor_meta(in, out);
   bool keep = a->i[1] != 0;
   if (a->i[0] == RM_DIM_ALL || in->ndim == 0) {
-    if (in->ndim == 0 && a->i[0] != RM_DIM_ALL && rm_check_dim(ctx, op, a->i[0], 0, d)) return ctx->err_code;
+    if (in->ndim == 0 && a->i[0] != RM_DIM_ALL && check_dim(ctx, op, a->i[0], 0, d)) return ctx->err_code;
     *d = -1;
     if (keep) for (int k = 0; k < in->ndim; k++) out->shape[k] = 1;
     else out->ndim = 0;
     return RM_OK;
   }
-  if (rm_check_dim(ctx, op, a->i[0], in->ndim, d)) return ctx->err_code;
+  if (check_dim(ctx, op, a->i[0], in->ndim, d)) return ctx->err_code;
   if (keep) {
     out->shape[*d] = 1;
   } else {
@@ -133,7 +139,7 @@ static int sum_to_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
 
 static int softmax_infer_named(rm_ctx *ctx, const char *op, rm_tensor *x, const rm_attrs *a, rm_meta *out) {
   int d;
-  if (rm_check_dim(ctx, op, a->i[0], x->ndim, &d)) return ctx->err_code;
+  if (check_dim(ctx, op, a->i[0], x->ndim, &d)) return ctx->err_code;
   rm_tensor_meta(x, &out[0]);
   return RM_OK;
 }
@@ -217,35 +223,40 @@ static int sum_to_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
   return gin[0] ? RM_OK : ctx->err_code;
 }
 
-/* The gradient goes to the first maximum: g scattered at the saved indices into zeros
- * of x's shape (scatter_add along the reduced dim; over every dim, on the flat view). */
+/* The gradient goes to the first maximum: g scattered at the saved (1-based) indices
+ * into zeros of x's shape, along the reduced dim (over every dim: on the flat view). */
 static int max_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   rm_tensor *x = n->in[0];
   rm_tensor *idx = rm_node_output(ctx, n, 1);
   if (!idx) return ctx->err_code;
   int d = norm_dim(ctx, n);
-  int64_t ks[RM_MAX_DIM], flat[1] = { rm_tensor_numel(x) }, one[1] = { 1 };
-  int kn = d < 0 ? 1 : x->ndim;
-  if (d < 0) ks[0] = 1;
-  else keepdim_shape(x, d, ks);
+  rm_attrs at;
+  rm_attrs_init(&at);
+  int64_t ks[RM_MAX_DIM];
+  int kn;
+  if (d < 0) {
+    kn = 1;
+    ks[0] = 1;
+    at.i[0] = 0;
+    at.ndim = 1;
+    at.shape[0] = rm_tensor_numel(x);
+  } else {
+    kn = x->ndim;
+    keepdim_shape(x, d, ks);
+    at.i[0] = d;
+    at.ndim = x->ndim;
+    memcpy(at.shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+  }
   rm_tensor *gk = rm_reshape(ctx, g[0], kn, ks);
   rm_tensor *ik = gk ? rm_reshape(ctx, idx, kn, ks) : NULL;
-  rm_tensor *z = ik ? rm_full(ctx, x->dtype, x->device, d < 0 ? 1 : x->ndim, d < 0 ? flat : x->shape, 0.0) : NULL;
-  rm_tensor *s = NULL;
-  if (z) {
-    rm_attrs at;
-    rm_attrs_init(&at);
-    at.i[0] = d < 0 ? 0 : d;
-    rm_tensor *in[3] = { z, ik, gk };
-    s = rm_op1(ctx, RM_OP_SCATTER_ADD, 3, in, &at);
-  }
-  (void)one;
+  rm_tensor *in[2] = { gk, ik };
+  rm_tensor *s = ik ? rm_op1(ctx, RM_OP_SCATTER_ADD, 2, in, &at) : NULL;
   rm_tensor_drop(ctx, gk);
   rm_tensor_drop(ctx, ik);
-  rm_tensor_drop(ctx, z);
   if (!s) return ctx->err_code;
-  gin[0] = d < 0 ? rm_reshape(ctx, s, x->ndim, x->shape) : s;
-  if (d < 0) rm_tensor_drop(ctx, s);
+  if (d >= 0) { gin[0] = s; return RM_OK; }
+  gin[0] = rm_reshape(ctx, s, x->ndim, x->shape);
+  rm_tensor_drop(ctx, s);
   return gin[0] ? RM_OK : ctx->err_code;
 }
 

@@ -1,0 +1,416 @@
+-- Spec cases for reductions and softmax (see spec/ops_spec.lua for the contract).
+-- Oracles are naive Lua loops over flat row-major values; dims in attrs are 0-based.
+local remat = require "remat"
+local kit = require "support.kit"
+local C = remat._C
+
+local ALL = math.mininteger  -- RM_DIM_ALL
+local nan, inf = 0 / 0, math.huge
+
+-- The lanes of a reduction of `shape` over dim d (0-based, negative from the end, ALL):
+-- a list (one per output element, row-major) of lists of 1-based flat indices.
+local function lanes(shape, d)
+  local n = kit.numel(shape)
+  if d == ALL or #shape == 0 then
+    local l = {}
+    for i = 1, n do l[i] = i end
+    return { l }
+  end
+  if d < 0 then d = d + #shape end
+  local outer, inner = 1, 1
+  for k = 1, d do outer = outer * shape[k] end
+  for k = d + 2, #shape do inner = inner * shape[k] end
+  local len, out = shape[d + 1], {}
+  for o = 0, outer - 1 do
+    for j = 0, inner - 1 do
+      local l = {}
+      for k = 0, len - 1 do l[#l + 1] = o * len * inner + k * inner + j + 1 end
+      out[#out + 1] = l
+    end
+  end
+  return out
+end
+
+-- Output shape of reducing `shape` over d with keepdim.
+local function rshape(shape, d, keep)
+  local s = {}
+  if d == ALL or #shape == 0 then
+    if keep then for i = 1, #shape do s[i] = 1 end end
+    return s
+  end
+  if d < 0 then d = d + #shape end
+  for i = 1, #shape do
+    if i ~= d + 1 then s[#s + 1] = shape[i] elseif keep then s[#s + 1] = 1 end
+  end
+  return s
+end
+
+local function sum_ref(v, shape, d)
+  local e = {}
+  for i, l in ipairs(lanes(shape, d)) do
+    local s = 0
+    for _, k in ipairs(l) do s = s + v[k] end
+    e[i] = s
+  end
+  return e
+end
+
+local function mean_ref(v, shape, d)
+  local e = {}
+  for i, l in ipairs(lanes(shape, d)) do
+    local s = 0
+    for _, k in ipairs(l) do s = s + v[k] end
+    e[i] = s / #l
+  end
+  return e
+end
+
+-- First maximum; the first NaN wins. Returns values and 1-based positions.
+local function max_ref(v, shape, d)
+  local val, idx = {}, {}
+  for i, l in ipairs(lanes(shape, d)) do
+    local b, bi = v[l[1]], 1
+    for p = 2, #l do
+      if b ~= b then break end
+      local x = v[l[p]]
+      if x ~= x or x > b then b, bi = x, p end
+    end
+    val[i], idx[i] = b, bi
+  end
+  return val, idx
+end
+
+-- softmax / log_softmax along d (in place over a copy of v).
+local function softmax_ref(v, shape, d, log)
+  local e = {}
+  for _, l in ipairs(lanes(shape, d)) do
+    local m = -inf
+    for _, k in ipairs(l) do if v[k] > m then m = v[k] end end
+    local s = 0
+    for _, k in ipairs(l) do s = s + math.exp(v[k] - m) end
+    for _, k in ipairs(l) do
+      if log then e[k] = v[k] - m - math.log(s) else e[k] = math.exp(v[k] - m) / s end
+    end
+  end
+  return e
+end
+
+return function(K)
+  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function rand(shape, lo, hi)
+    local t = K.rand(shape, lo, hi)
+    return t, C.flat(t)  -- the stored values (rounded to the dtype) are the oracle's input
+  end
+  local function noncontig(shape)
+    local t = K.noncontig(shape)
+    return t, C.flat(t)
+  end
+  local function raises(pattern, f, ...)
+    local ok, err = pcall(f, ...)
+    assert(not ok, "expected an error matching '" .. pattern .. "'")
+    assert(tostring(err):find(pattern, 1, true), err)
+  end
+
+  -- Runs a reduction op over several dims/keepdims of (t, v, shape) against ref.
+  local function check_reduce(name, ref, t, v, shape, dims)
+    for _, d in ipairs(dims) do
+      for _, keep in ipairs({ false, true }) do
+        local got = op(name, { i = { d, keep and 1 or 0 } }, t)
+        K.check(got, ref(v, shape, d), rshape(shape, d, keep), nil, ("%s dim %s keep %s"):format(name, d, keep))
+      end
+    end
+  end
+
+  -- Forward cases shared by sum and mean.
+  local function sum_like(name, ref)
+    return {
+      ["3x5 over each dim, negative dims, keepdim"] = function()
+        local t, v = rand({ 3, 5 })
+        check_reduce(name, ref, t, v, { 3, 5 }, { 0, 1, -1, -2 })
+      end,
+      ["all dims gives 0-d (keepdim: all ones)"] = function()
+        local t, v = rand({ 2, 3, 4 })
+        check_reduce(name, ref, t, v, { 2, 3, 4 }, { ALL })
+        local s, sv = rand({})
+        check_reduce(name, ref, s, sv, {}, { ALL, 0, -1 })
+      end,
+      ["odd sizes and size-1 dims, 4-D middle dims"] = function()
+        local t, v = rand({ 1, 7, 1, 3 })
+        check_reduce(name, ref, t, v, { 1, 7, 1, 3 }, { 0, 1, 2, 3, ALL })
+        local u, uv = rand({ 2, 3, 4, 5 })
+        check_reduce(name, ref, u, uv, { 2, 3, 4, 5 }, { 1, 2 })
+      end,
+      ["empty tensors"] = function()
+        local t = K.tensor({}, { 0, 3 })
+        check_reduce(name, ref, t, {}, { 0, 3 }, { 0, 1, ALL })
+      end,
+      ["non-contiguous input"] = function()
+        local t, v = noncontig({ 4, 6 })
+        check_reduce(name, ref, t, v, { 4, 6 }, { 0, 1, ALL })
+        local u, uv = noncontig({ 2, 3, 5 })
+        check_reduce(name, ref, u, uv, { 2, 3, 5 }, { 0, 1, 2 })
+      end,
+      ["NaN and inf propagate"] = function()
+        local v = { 1, nan, 3, inf, 2, 5, -inf, 1, inf }
+        local t = K.tensor(v, { 3, 3 })
+        check_reduce(name, ref, t, v, { 3, 3 }, { 0, 1, ALL })
+      end,
+      ["large inputs (parallel paths)"] = function()
+        local t, v = rand({ 300, 701 })
+        check_reduce(name, ref, t, v, { 300, 701 }, { 0, 1 })
+        local u, uv = rand({ 270001 })
+        K.check(op(name, { i = { ALL } }, u), ref(uv, { 270001 }, ALL), {}, K.dtype == "float32" and 1e-5 or 1e-9)
+      end,
+      ["dim out of range is an error"] = function()
+        raises("out of range", op, name, { i = { 2 } }, (rand({ 2, 3 })))
+        raises("out of range", op, name, { i = { -3 } }, (rand({ 2, 3 })))
+      end,
+    }
+  end
+
+  local function max_like(name)
+    local function run(t, v, shape, dims)
+      for _, d in ipairs(dims) do
+        for _, keep in ipairs({ false, true }) do
+          local val, idx = max_ref(v, shape, d)
+          local s = rshape(shape, d, keep)
+          if name == "max" then
+            local gv, gi = op("max", { i = { d, keep and 1 or 0 } }, t)
+            K.check(gv, val, s, nil, "max values")
+            K.check(gi, idx, s, 0, "max indices")
+          else
+            K.check(op("argmax", { i = { d, keep and 1 or 0 } }, t), idx, s, 0, "argmax")
+          end
+        end
+      end
+    end
+    return {
+      ["3x5 over each dim, keepdim, negative dims"] = function()
+        local t, v = rand({ 3, 5 })
+        run(t, v, { 3, 5 }, { 0, 1, -1 })
+      end,
+      ["all dims: flat 1-based index; 0-d input"] = function()
+        local t, v = rand({ 2, 3, 4 })
+        run(t, v, { 2, 3, 4 }, { ALL })
+        local s, sv = rand({})
+        run(s, sv, {}, { ALL, 0 })
+      end,
+      ["ties go to the first occurrence"] = function()
+        local v = { 1, 3, 3, 2, 5, 5, 5, 5 }
+        run(K.tensor(v, { 2, 4 }), v, { 2, 4 }, { 1, ALL })
+      end,
+      ["NaN wins and propagates; infinities"] = function()
+        local v = { 1, nan, 5, nan, -inf, -inf, -inf, -inf, 2, inf, 7, inf, nan, 1, 2, 3 }
+        run(K.tensor(v, { 4, 4 }), v, { 4, 4 }, { 0, 1, ALL })
+      end,
+      ["size-1 dims, strided middle dim, non-contiguous input"] = function()
+        local t, v = rand({ 1, 5, 1 })
+        run(t, v, { 1, 5, 1 }, { 0, 1, 2 })
+        local u, uv = rand({ 3, 4, 5 })
+        run(u, uv, { 3, 4, 5 }, { 0, 1, 2 })
+        local w, wv = noncontig({ 4, 6 })
+        run(w, wv, { 4, 6 }, { 0, 1 })
+      end,
+      ["empty: reducing nothing is an error, empty kept dims are fine"] = function()
+        local t = K.tensor({}, { 0, 3 })
+        raises("empty", op, name, { i = { 0 } }, t)
+        raises("empty", op, name, { i = { ALL } }, t)
+        run(t, {}, { 0, 3 }, { 1 })
+      end,
+      ["dim out of range is an error"] = function()
+        raises("out of range", op, name, { i = { 3 } }, (rand({ 2, 3 })))
+      end,
+    }
+  end
+
+  local function softmax_like(name, log)
+    local function run(t, v, shape, dims)
+      for _, d in ipairs(dims) do
+        K.check(op(name, { i = { d } }, t), softmax_ref(v, shape, d, log), shape, nil, name .. " dim " .. d)
+      end
+    end
+    return {
+      ["3x5 over each dim, negative dim"] = function()
+        local t, v = rand({ 3, 5 }, -3, 3)
+        run(t, v, { 3, 5 }, { 0, 1, -1 })
+      end,
+      ["middle dim of 2x3x4 (strided), size-1 dims, 0-d"] = function()
+        local t, v = rand({ 2, 3, 4 }, -3, 3)
+        run(t, v, { 2, 3, 4 }, { 1 })
+        local u, uv = rand({ 1, 7, 1 })
+        run(u, uv, { 1, 7, 1 }, { 0, 1, 2 })
+        local s, sv = rand({})
+        run(s, sv, {}, { 0 })
+      end,
+      ["large values are stable (subtract the max)"] = function()
+        local v = { 1000, 1001, 1002, -1000, -1001, -1002 }
+        run(K.tensor(v, { 2, 3 }), v, { 2, 3 }, { 1 })
+      end,
+      ["NaN poisons its row; -inf entries get 0; an all -inf row is NaN"] = function()
+        local v = { 1, nan, 2, 0, -inf, 1, -inf, -inf, -inf }
+        local e = softmax_ref({ 0, -inf, 1 }, { 3 }, 0, log)
+        local got = C.flat(op(name, { i = { 1 } }, K.tensor(v, { 3, 3 })))
+        for k = 1, 3 do assert(got[k] ~= got[k], "row with NaN: " .. got[k]) end
+        K.check(K.tensor({ got[4], got[5], got[6] }, { 3 }), e, { 3 })
+        for k = 7, 9 do assert(got[k] ~= got[k], "all -inf row: " .. got[k]) end
+      end,
+      ["non-contiguous input, empty tensors"] = function()
+        local t, v = noncontig({ 4, 5 })
+        run(t, v, { 4, 5 }, { 0, 1 })
+        run(K.tensor({}, { 0, 4 }), {}, { 0, 4 }, { 0, 1 })
+      end,
+      ["large rows (parallel path)"] = function()
+        local t, v = rand({ 200, 300 }, -5, 5)
+        run(t, v, { 200, 300 }, { 1, 0 })
+      end,
+      ["dim out of range is an error"] = function()
+        raises("out of range", op, name, { i = { 2 } }, (rand({ 2, 3 })))
+      end,
+    }
+  end
+
+  local function sum_to_ref(v, shape, target)
+    -- index arithmetic: each input element adds into its broadcast-source element
+    local nd, off = #shape, #shape - #target
+    local out = {}
+    for i = 1, kit.numel(target) do out[i] = 0 end
+    for i = 0, kit.numel(shape) - 1 do
+      local q, o, mult = i, 0, 1
+      for d = nd, 1, -1 do
+        local c = q % shape[d]
+        q = q // shape[d]
+        local td = d - off
+        if td >= 1 then
+          if target[td] ~= 1 then o = o + c * mult end
+          mult = mult * target[td]
+        end
+      end
+      out[o + 1] = out[o + 1] + v[i + 1]
+    end
+    return out
+  end
+
+  local function softmax_bw_ref(y, g, shape, d, log)
+    local e = {}
+    for _, l in ipairs(lanes(shape, d)) do
+      local s = 0
+      for _, k in ipairs(l) do s = s + (log and g[k] or g[k] * y[k]) end
+      for _, k in ipairs(l) do
+        if log then e[k] = g[k] - math.exp(y[k]) * s else e[k] = y[k] * (g[k] - s) end
+      end
+    end
+    return e
+  end
+
+  local function softmax_bw_cases(name, log)
+    return {
+      forward = {
+        ["matches the formula over the last and a middle dim"] = function()
+          for _, c in ipairs({ { { 3, 5 }, 1 }, { { 2, 3, 4 }, 1 }, { { 4, 3 }, -2 } }) do
+            local shape, d = c[1], c[2]
+            local x = rand(shape, -2, 2)
+            local y = op(log and "log_softmax" or "softmax", { i = { d } }, x)
+            local g, gv = rand(shape)
+            K.check(op(name, { i = { d } }, y, g), softmax_bw_ref(C.flat(y), gv, shape, d, log), shape)
+          end
+        end,
+        ["shape mismatch is an error"] = function()
+          raises("differ in shape", op, name, { i = { 0 } }, (rand({ 2, 3 })), (rand({ 3, 2 })))
+        end,
+      },
+      nodiff = "internal backward helper of " .. (log and "log_softmax" or "softmax") ..
+        "; its own gradient is never taken (covered by the " .. (log and "log_softmax" or "softmax") .. " gradchecks)",
+    }
+  end
+
+  local function gc(fn, specs, opts) return kit.gradcheck(fn, specs, opts) end
+
+  return {
+    sum = {
+      forward = sum_like("sum", sum_ref),
+      grad = {
+        ["over dim 1 of 2x3x4"] = function() gc(function(x) return op("sum", { i = { 1 } }, x) end, { { shape = { 2, 3, 4 } } }) end,
+        ["over all dims, keepdim"] = function() gc(function(x) return op("sum", { i = { ALL, 1 } }, x) end, { { shape = { 3, 2 } } }) end,
+        ["negative dim"] = function() gc(function(x) return op("sum", { i = { -1 } }, x) end, { { shape = { 3, 4 } } }) end,
+      },
+    },
+    mean = {
+      forward = sum_like("mean", mean_ref),
+      grad = {
+        ["over dim 0 of 3x4, keepdim"] = function() gc(function(x) return op("mean", { i = { 0, 1 } }, x) end, { { shape = { 3, 4 } } }) end,
+        ["over all dims"] = function() gc(function(x) return op("mean", { i = { ALL } }, x) end, { { shape = { 2, 3, 2 } } }) end,
+      },
+    },
+    max = {
+      forward = max_like("max"),
+      grad = {
+        ["over dim 1 of 3x4 (to the max position)"] = function()
+          gc(function(x) return (op("max", { i = { 1 } }, x)) end, { { shape = { 3, 4 } } })
+        end,
+        ["middle dim, keepdim"] = function()
+          gc(function(x) return (op("max", { i = { 1, 1 } }, x)) end, { { shape = { 2, 3, 2 } } })
+        end,
+        ["over all dims"] = function()
+          gc(function(x) return (op("max", { i = { ALL } }, x)) end, { { shape = { 2, 3 } } })
+        end,
+        ["ties: the first maximum gets the gradient"] = function()
+          local x = C.from_table({ 1, 4, 4, 2 }, { 4 }, "float64")
+          C.requires_grad(x, true)
+          local v = op("max", { i = { 0 } }, x)
+          C.backward(v)
+          K.check(C.grad(x), { 0, 1, 0, 0 }, { 4 })
+        end,
+      },
+    },
+    argmax = { forward = max_like("argmax"), nodiff = "returns indices (piecewise constant)" },
+    sum_to = {
+      forward = {
+        ["2x3x4 to 3x1, 1x4, 4, 0-d, 2x1x1 and itself"] = function()
+          local shape = { 2, 3, 4 }
+          local t, v = rand(shape)
+          for _, target in ipairs({ { 3, 1 }, { 1, 4 }, { 4 }, {}, { 2, 1, 1 }, { 2, 3, 4 }, { 1, 3, 4 } }) do
+            K.check(op("sum_to", { shape = target }, t), sum_to_ref(v, shape, target), target)
+          end
+        end,
+        ["row-bias gradient shapes (large, parallel)"] = function()
+          local shape = { 257, 300 }
+          local t, v = rand(shape)
+          for _, target in ipairs({ { 300 }, { 257, 1 }, { 1, 1 } }) do
+            K.check(op("sum_to", { shape = target }, t), sum_to_ref(v, shape, target), target)
+          end
+        end,
+        ["non-contiguous input, empty input, NaN"] = function()
+          local t, v = noncontig({ 3, 5 })
+          K.check(op("sum_to", { shape = { 5 } }, t), sum_to_ref(v, { 3, 5 }, { 5 }), { 5 })
+          K.check(op("sum_to", { shape = { 3 } }, K.tensor({}, { 0, 3 })), { 0, 0, 0 }, { 3 })
+          local w = { 1, nan, 2, 3 }
+          K.check(op("sum_to", { shape = { 1, 2 } }, K.tensor(w, { 2, 2 })), { 3, nan }, { 1, 2 })
+        end,
+        ["a shape that is not a broadcast source is an error"] = function()
+          raises("cannot sum", op, "sum_to", { shape = { 4 } }, (rand({ 2, 3 })))
+          raises("cannot sum", op, "sum_to", { shape = { 1, 2, 3 } }, (rand({ 2, 3 })))
+        end,
+      },
+      grad = {
+        ["2x3x4 to 3x1"] = function() gc(function(x) return op("sum_to", { shape = { 3, 1 } }, x) end, { { shape = { 2, 3, 4 } } }) end,
+        ["to a 0-d tensor"] = function() gc(function(x) return op("sum_to", { shape = {} }, x) end, { { shape = { 2, 2 } } }) end,
+      },
+    },
+    softmax = {
+      forward = softmax_like("softmax", false),
+      grad = {
+        ["3x4 over dim 1"] = function() gc(function(x) return op("softmax", { i = { 1 } }, x) end, { { shape = { 3, 4 } } }) end,
+        ["2x3x4 over the middle dim"] = function() gc(function(x) return op("softmax", { i = { 1 } }, x) end, { { shape = { 2, 3, 4 } } }) end,
+      },
+    },
+    log_softmax = {
+      forward = softmax_like("log_softmax", true),
+      grad = {
+        ["3x4 over dim 1"] = function() gc(function(x) return op("log_softmax", { i = { 1 } }, x) end, { { shape = { 3, 4 } } }) end,
+        ["2x3x4 over dim 0"] = function() gc(function(x) return op("log_softmax", { i = { 0 } }, x) end, { { shape = { 2, 3, 4 } } }) end,
+      },
+    },
+    softmax_backward = softmax_bw_cases("softmax_backward", false),
+    log_softmax_backward = softmax_bw_cases("log_softmax_backward", true),
+  }
+end
