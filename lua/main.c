@@ -11,13 +11,15 @@
 
 int rm_repl(lua_State *L);
 
-static int usage(void) {
+/* Prints the usage text on f; returns 0. */
+static int usage(FILE *f) {
   fputs("usage: remat [options] [script.lua [args...]]\n"
         "  -e code   run code\n"
         "  -v        print the version\n"
         "  -h        this help\n"
+        "  -         run the script on standard input\n"
         "  remat plan SCRIPT [--budget B]   print a model script's checkpoint plan\n"
-        "With no script, remat starts a REPL.\n", stdout);
+        "With no script, remat starts a REPL (plain lines, no prompt, when the input is not a terminal).\n", f);
   return 0;
 }
 
@@ -70,7 +72,7 @@ int main(int argc, char **argv) {
       printf("remat %s (%s)\n", REMAT_VERSION, LUA_RELEASE);
       if (argc == 2) { lua_close(L); return 0; }
     } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage();
+      usage(stdout);
       lua_close(L);
       return 0;
     } else if (!strcmp(argv[i], "-e")) {
@@ -82,9 +84,12 @@ int main(int argc, char **argv) {
       if (i + 1 >= argc) { lua_close(L); return 0; }
     } else if (!strcmp(argv[i], "-")) {
       break;
+    } else if (!strcmp(argv[i], "--")) {
+      i++;
+      break;
     } else {
       fprintf(stderr, "remat: unknown option %s\n", argv[i]);
-      usage();
+      usage(stderr);
       lua_close(L);
       return 1;
     }
@@ -97,7 +102,7 @@ int main(int argc, char **argv) {
   } else if (i < argc) {
     set_args(L, argv, argc, i);
     int nargs = argc - i - 1;
-    int lrc = luaL_loadfile(L, argv[i]);
+    int lrc = luaL_loadfile(L, strcmp(argv[i], "-") ? argv[i] : NULL);
     if (lrc == LUA_OK)
       for (int k = i + 1; k < argc; k++) lua_pushstring(L, argv[k]);
     else
