@@ -119,6 +119,7 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
   s->category = cat;
   s->bytes = bytes;
   s->data = ctx->dry ? NULL : p;
+  s->phantom = ctx->dry;
   m->live[cat] += bytes;
   m->live_total += bytes;
   m->reserved += bytes;
@@ -137,6 +138,11 @@ void rm_storage_retain(rm_storage *s) { s->refcount++; }
 
 void rm_storage_release(rm_ctx *ctx, rm_storage *s) {
   if (!s || --s->refcount > 0) return;
+  if (s->phantom && !ctx->dry) {
+    /* a dry run's statistics were put back when it ended: nothing to account */
+    rm_host_free(ctx, s, sizeof *s);
+    return;
+  }
   rm_memstats *m = &ctx->mem[s->device];
   m->live[s->category] -= s->bytes;
   m->live_total -= s->bytes;

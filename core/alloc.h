@@ -12,6 +12,7 @@ typedef struct rm_storage {
   rm_category category;
   size_t bytes;
   int tag;             /* measured layer that allocated it (dry runs), -1 otherwise */
+  bool phantom;        /* made by a dry run: no data; its bytes count only during the run */
   void *data;          /* NULL in a dry run (phantom storage: accounted, no memory) */
 } rm_storage;
 

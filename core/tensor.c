@@ -128,7 +128,11 @@ void rm_tensor_evict(rm_ctx *ctx, rm_tensor *t) {
 }
 
 int rm_tensor_data_ready(rm_ctx *ctx, rm_tensor *t) {
-  if (t->storage) return RM_OK;
+  if (t->storage) {
+    if (t->storage->phantom && !ctx->dry)
+      return rm_fail(ctx, RM_ERR_STATE, "this tensor was made by a planning dry run and holds no data");
+    return RM_OK;
+  }
   rm_node *n = t->grad_fn ? t->grad_fn : t->producer;
   if (!n)
     return rm_fail(ctx, RM_ERR_STATE, "tensor data was released and cannot be recomputed");

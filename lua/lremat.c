@@ -116,6 +116,7 @@ static int open_module(lua_State *L) {
   rm_lua_open_nn(L);
   rm_lua_open_io(L);
   rm_lua_open_autograd(L);
+  rm_lua_open_plan(L);
   lua_setfield(L, -2, "_C");
   lua_pushliteral(L, REMAT_VERSION);
   lua_setfield(L, -2, "version");

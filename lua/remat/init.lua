@@ -2,5 +2,9 @@
 local remat = package.loaded.remat
 require "remat.tensor"
 require "remat.autograd"
+require "remat.io"
+require "remat.data"
 require "remat.nn"
+require "remat.policy"
+require "remat.checkpoint"
 return remat

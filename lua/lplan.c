@@ -1,0 +1,271 @@
+/* Checkpoint plans from Lua: installing a plan on a Sequential, dry-run simulation,
+ * and the budget DP over a chain described by a table. */
+#include <string.h>
+
+#include "lnn.h"
+#include "../core/plan.h"
+
+static rm_action check_action(lua_State *L, const char *s, int layer) {
+  for (int a = 0; a < RM_ACTION_COUNT; a++)
+    if (!strcmp(s, rm_action_name((rm_action)a))) return (rm_action)a;
+  rm_lua_errorf(L, "checkpoint: layer %d: unknown action '%s' (keep, selective, boundary, recompute)", layer, s);
+  return RM_KEEP;
+}
+
+/* Lists the op names (for "unknown op" errors). */
+static void push_op_names(lua_State *L) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (int i = 0; i < RM_OP_COUNT; i++) {
+    const rm_op_def *d = rm_op_def_get((rm_op_id)i);
+    if (!d || (d->flags & RM_OPF_INTERNAL)) continue;
+    if (i) luaL_addstring(&b, ", ");
+    luaL_addstring(&b, rm_op_name((rm_op_id)i));
+  }
+  luaL_pushresult(&b);
+}
+
+/* Reads the layer entry on top of the stack into p->action[i] / p->sel[i]. Returns
+ * NULL, or an error message (pushed on the stack) naming the layer. */
+static const char *read_layer(lua_State *L, rm_plan *p, int i) {
+  if (!lua_istable(L, -1))
+    return lua_pushfstring(L, "layer %d: expected a table, got %s", i + 1, luaL_typename(L, -1));
+  lua_getfield(L, -1, "action");
+  const char *a = lua_tostring(L, -1);
+  int act = -1;
+  for (int k = 0; a && k < RM_ACTION_COUNT; k++)
+    if (!strcmp(a, rm_action_name((rm_action)k))) act = k;
+  lua_pop(L, 1);
+  if (act < 0)
+    return lua_pushfstring(L, "layer %d: unknown action '%s' (keep, selective, boundary, recompute)",
+                           i + 1, a ? a : "nil");
+  p->action[i] = (rm_action)act;
+  if (lua_getfield(L, -1, "ops") == LUA_TTABLE) {
+    int m = (int)luaL_len(L, -1);
+    for (int k = 1; k <= m; k++) {
+      lua_rawgeti(L, -1, k);
+      const char *name = lua_tostring(L, -1);
+      int op = name ? rm_op_find(name) : -1;
+      lua_pop(L, 1);
+      if (op < 0) {
+        push_op_names(L);
+        return lua_pushfstring(L, "unknown op '%s' (known ops: %s)", name ? name : "?", lua_tostring(L, -1));
+      }
+      rm_opset_add(&p->sel[i], op);
+    }
+  }
+  lua_pop(L, 1);
+  return NULL;
+}
+
+/* Reads { {action=, ops={...}}, ... } at idx into a new plan of n layers; raises on
+ * bad input (freeing the plan first). */
+static rm_plan *read_plan(lua_State *L, int idx, int n) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  int len = (int)luaL_len(L, idx);
+  if (len != n) rm_lua_errorf(L, "checkpoint: the plan has %d layers but the Sequential has %d", len, n);
+  rm_ctx *ctx = rm_lua_ctx(L);
+  rm_plan *p = rm_plan_new(ctx, n);
+  if (!p) rm_lua_fail(L, "checkpoint");
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, idx, i + 1);
+    const char *err = read_layer(L, p, i);
+    if (err) {
+      rm_plan_free(ctx, p);
+      rm_lua_errorf(L, "checkpoint: %s", err);
+    }
+    lua_pop(L, 1);
+  }
+  return p;
+}
+
+/* C.plan_install(seq, plan_table or nil) */
+static int l_plan_install(lua_State *L) {
+  rm_module *m = rm_lua_check_module(L, 1, "checkpoint");
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (m->type != &rm_type_sequential)
+    return rm_lua_errorf(L, "checkpoint: policies apply to a Sequential, not a %s", m->type->name);
+  rm_plan *p = lua_isnoneornil(L, 2) ? NULL : read_plan(L, 2, m->nchildren);
+  if (rm_plan_install(ctx, m, p) != RM_OK) return rm_lua_fail(L, "checkpoint");
+  return 0;
+}
+
+typedef struct loss_cb { lua_State *L; int fn; } loss_cb;
+
+/* Calls the Lua loss function (at stack index fn) with y; never raises. */
+static int call_loss(rm_ctx *ctx, rm_tensor *y, rm_tensor **loss, void *ud) {
+  loss_cb *cb = ud;
+  lua_State *L = cb->L;
+  lua_pushvalue(L, cb->fn);
+  rm_tensor_hold(y);
+  rm_lua_push_tensor(L, y, "plan");
+  if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+    rm_fail(ctx, RM_ERR_RUNTIME, "plan: the loss function failed: %s", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    return RM_ERR_RUNTIME;
+  }
+  rm_tensor *t = rm_lua_test_tensor(L, -1);
+  if (!t) {
+    lua_pop(L, 1);
+    return rm_fail(ctx, RM_ERR_ARG, "plan: the loss function must return a tensor");
+  }
+  rm_tensor_hold(t);
+  lua_pop(L, 1);
+  *loss = t;
+  return RM_OK;
+}
+
+static void set_num(lua_State *L, const char *k, double v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+
+static void set_int(lua_State *L, const char *k, size_t v) {
+  lua_pushinteger(L, (lua_Integer)v);
+  lua_setfield(L, -2, k);
+}
+
+/* C.plan_simulate(seq, x, plan_table | nil (installed) | false (keep all), loss_fn | nil,
+ * want_layers) -> { peak=, base=, flops=, recompute_flops=, layers = {...} } */
+static int l_plan_simulate(lua_State *L) {
+  rm_module *m = rm_lua_check_module(L, 1, "plan");
+  rm_tensor *x = rm_lua_check_tensor(L, 2, "plan");
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (m->type != &rm_type_sequential)
+    return rm_lua_errorf(L, "plan: expected a Sequential, got a %s", m->type->name);
+  rm_plan *p = NULL;
+  rm_plan *keep = NULL;
+  if (lua_istable(L, 3)) p = read_plan(L, 3, m->nchildren);
+  else if (lua_isboolean(L, 3) && !lua_toboolean(L, 3)) {
+    keep = rm_plan_new(ctx, m->nchildren);
+    if (!keep) return rm_lua_fail(L, "plan");
+  }
+  loss_cb cb = { L, 4 };
+  bool has_loss = lua_isfunction(L, 4);
+  bool want = lua_toboolean(L, 5);
+  rm_sim sim;
+  lua_State *prev = rm_lua_nn_enter(L);
+  int rc = rm_plan_simulate(ctx, m, x, p ? p : keep, has_loss ? call_loss : NULL, &cb, want, &sim);
+  rm_lua_nn_leave(L, prev);
+  rm_plan_free(ctx, p);
+  rm_plan_free(ctx, keep);
+  if (rc != RM_OK) return rm_lua_nn_fail(L, "plan");
+  lua_newtable(L);
+  set_int(L, "peak", sim.peak);
+  set_int(L, "base", sim.base);
+  set_num(L, "flops", sim.flops);
+  set_num(L, "recompute_flops", sim.recompute_flops);
+  if (sim.layers) {
+    lua_createtable(L, sim.n, 0);
+    for (int i = 0; i < sim.n; i++) {
+      rm_layer_stats *s = &sim.layers[i];
+      lua_newtable(L);
+      set_num(L, "flops", s->flops);
+      set_num(L, "recompute_flops", s->recompute_flops);
+      set_int(L, "saved", s->saved);
+      set_int(L, "in_bytes", s->in_bytes);
+      set_int(L, "out_bytes", s->out_bytes);
+      set_int(L, "fwd_peak", s->fwd_peak);
+      set_int(L, "bwd_peak", s->bwd_peak);
+      set_int(L, "param_bytes", s->param_bytes);
+      lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "layers");
+    rm_sim_free(ctx, &sim);
+  }
+  return 1;
+}
+
+static double field(lua_State *L, int idx, const char *k, double def) {
+  lua_getfield(L, idx, k);
+  double v = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : def;
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Reads a chain table {{keep_saved=, keep_fwd=, ...}, ...}; returns n (chain in *out). */
+static int read_chain(lua_State *L, int idx, rm_chain_layer **out) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  int n = (int)luaL_len(L, idx);
+  rm_chain_layer *c = lua_newuserdatauv(L, sizeof *c * (size_t)(n ? n : 1), 0);
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, idx, i + 1);
+    int t = lua_gettop(L);
+    luaL_checktype(L, t, LUA_TTABLE);
+    c[i].keep_saved = field(L, t, "keep_saved", 0);
+    c[i].keep_fwd = field(L, t, "keep_fwd", 0);
+    c[i].keep_bwd = field(L, t, "keep_bwd", 0);
+    c[i].sel_saved = field(L, t, "sel_saved", 0);
+    c[i].sel_bwd = field(L, t, "sel_bwd", 0);
+    c[i].sel_flops = field(L, t, "sel_flops", -1);
+    c[i].in_bytes = field(L, t, "in_bytes", 0);
+    c[i].flops = field(L, t, "flops", 0);
+    lua_pop(L, 1);
+  }
+  *out = c;
+  return n;
+}
+
+/* C.chain_optimal(chain, budget) -> actions (list of names), cost | nil */
+static int l_chain_optimal(lua_State *L) {
+  rm_chain_layer *c;
+  int n = read_chain(L, 1, &c);
+  double budget = luaL_checknumber(L, 2);
+  rm_action *act = lua_newuserdatauv(L, sizeof *act * (size_t)(n ? n : 1), 0);
+  double cost = 0;
+  if (!rm_chain_optimal(rm_lua_ctx(L), c, n, budget, act, &cost)) return 0;
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushstring(L, rm_action_name(act[i]));
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_pushnumber(L, cost);
+  return 2;
+}
+
+/* C.chain_eval(chain, actions) -> peak, cost */
+static int l_chain_eval(lua_State *L) {
+  rm_chain_layer *c;
+  int n = read_chain(L, 1, &c);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  if ((int)luaL_len(L, 2) != n) return rm_lua_errorf(L, "chain_eval: %d actions for %d layers", (int)luaL_len(L, 2), n);
+  rm_action *act = lua_newuserdatauv(L, sizeof *act * (size_t)(n ? n : 1), 0);
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, 2, i + 1);
+    act[i] = check_action(L, luaL_checkstring(L, -1), i + 1);
+    lua_pop(L, 1);
+  }
+  double peak, cost;
+  rm_chain_eval(c, n, act, &peak, &cost);
+  lua_pushnumber(L, peak);
+  lua_pushnumber(L, cost);
+  return 2;
+}
+
+/* C.layer_info(seq) -> { {type=, describe=, param_bytes=}, ... } */
+static int l_layer_info(lua_State *L) {
+  rm_module *m = rm_lua_check_module(L, 1, "plan");
+  lua_createtable(L, m->nchildren, 0);
+  for (int i = 0; i < m->nchildren; i++) {
+    char buf[128];
+    lua_newtable(L);
+    lua_pushstring(L, m->children[i]->type->name);
+    lua_setfield(L, -2, "type");
+    lua_pushstring(L, rm_module_describe(m->children[i], buf, sizeof buf));
+    lua_setfield(L, -2, "describe");
+    rm_lua_ctx(L);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static const luaL_Reg fns[] = {
+  { "plan_install", l_plan_install },
+  { "plan_simulate", l_plan_simulate },
+  { "chain_optimal", l_chain_optimal },
+  { "chain_eval", l_chain_eval },
+  { "layer_info", l_layer_info },
+  { NULL, NULL },
+};
+
+void rm_lua_open_plan(lua_State *L) { luaL_setfuncs(L, fns, 0); }

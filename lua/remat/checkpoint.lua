@@ -1,0 +1,140 @@
+-- model:checkpoint(policy) and model:plan(x): turning a policy into a plan installed
+-- on a Sequential, resolved at the first forward for policies that need sizes.
+local remat = package.loaded.remat
+local C = remat._C
+local nn, policy = remat.nn, remat.policy
+local Module = nn.Module
+
+local state = setmetatable({}, { __mode = "k" }) -- model -> { policy, sig, plan }
+
+local function signature(x)
+  local shape, dtype, device = C.info(x)
+  return table.concat(shape, "x") .. ":" .. dtype .. ":" .. device
+end
+
+local function check_sequential(m, where)
+  local t = m:type_name()
+  if t ~= "Sequential" then
+    error(("%s: policies apply to a Sequential, not a %s"):format(where, t), 3)
+  end
+end
+
+-- The context a policy resolves in: dry-run measurements of the model on x.
+local function resolve_ctx(model, x, loss)
+  local keep
+  return {
+    model = model,
+    x = x,
+    keep_stats = function()
+      keep = keep or C.plan_simulate(model, x, false, loss, true)
+      return keep
+    end,
+    simulate = function(plan, want_layers) return C.plan_simulate(model, x, plan, loss, want_layers) end,
+  }
+end
+
+local function as_policy(p, where)
+  if type(p) == "function" then return policy.custom(p) end
+  if p == nil then return policy.none() end
+  if not policy.is_policy(p) then
+    error(("%s: expected a policy (remat.policy.every(4), sqrt(), selective{...}, budget(\"1GiB\"), none()) or a function, got %s"):format(
+      where, type(p)), 3)
+  end
+  return p
+end
+
+-- Sets the checkpoint policy of a Sequential; returns the model.
+function Module:checkpoint(p)
+  check_sequential(self, "checkpoint")
+  p = as_policy(p, "checkpoint")
+  local st = { policy = p }
+  state[self] = st
+  if p.needs_input then
+    C.plan_install(self, nil) -- resolved at the first forward, when sizes are known
+  else
+    st.plan = p.resolve(#self)
+    C.plan_install(self, st.plan)
+  end
+  return self
+end
+
+function Module:checkpoint_policy()
+  local st = state[self]
+  return st and st.policy or nil
+end
+
+-- Resolves a size-dependent policy for x (once per input signature) and installs it.
+local function prepare(model, x, loss)
+  local st = state[model]
+  if not st or not st.policy.needs_input then return st and st.plan end
+  local sig = signature(x)
+  if st.sig ~= sig then
+    st.plan = st.policy.resolve(#model, resolve_ctx(model, x, loss))
+    st.sig = sig
+    C.plan_install(model, st.plan)
+  end
+  return st.plan
+end
+remat._prepare_checkpoint = prepare
+
+local raw_forward = Module.forward
+function Module:forward(x)
+  if state[self] and C.grad_enabled() then prepare(self, x) end
+  return raw_forward(self, x)
+end
+C.Module_mt.__call = function(self, x) return self:forward(x) end
+
+local PlanReport = {}
+PlanReport.__index = PlanReport
+
+local function fmt_flops(f)
+  if f >= 1e12 then return ("%.2f TF"):format(f / 1e12) end
+  if f >= 1e9 then return ("%.2f GF"):format(f / 1e9) end
+  if f >= 1e6 then return ("%.2f MF"):format(f / 1e6) end
+  return ("%.0f F"):format(f)
+end
+
+PlanReport.__tostring = function(r)
+  local fmt = remat.memory.format
+  local lines = { ("plan for %s: %d layers"):format(r.policy, #r.layers),
+    ("%5s  %-22s %-10s %12s %12s %10s"):format("layer", "module", "action", "saved", "output", "flops") }
+  for _, l in ipairs(r.layers) do
+    local action = l.action
+    if l.selective then action = "selective" end
+    lines[#lines + 1] = ("%5d  %-22s %-10s %12s %12s %10s"):format(l.index, l.name:sub(1, 22), action,
+      fmt(l.saved_bytes), fmt(l.output_bytes), fmt_flops(l.flops))
+    if l.selective then lines[#lines] = lines[#lines] .. "  {" .. table.concat(l.selective, ", ") .. "}" end
+  end
+  lines[#lines + 1] = ("predicted peak activation: %s (keep everything: %s)"):format(fmt(r.predicted_peak), fmt(r.keep_peak))
+  lines[#lines + 1] = ("recompute: %s (%.1f%% of the forward's %s)"):format(fmt_flops(r.recompute_flops),
+    r.flops > 0 and 100 * r.recompute_flops / r.flops or 0, fmt_flops(r.flops))
+  return table.concat(lines, "\n")
+end
+
+-- The plan the model's policy (or opts.policy) gives for input x, with its predicted
+-- peak activation bytes and recompute FLOPs, from dry runs (nothing is computed).
+-- opts.loss: function(y) -> scalar loss used in the dry run (default: backward from y).
+function Module:plan(x, opts)
+  check_sequential(self, "plan")
+  opts = opts or {}
+  if type(opts) ~= "table" then error("plan: options must be a table", 2) end
+  if not x then error("plan: needs an example input (model:plan(x))", 2) end
+  local p = opts.policy and as_policy(opts.policy, "plan") or (state[self] and state[self].policy) or policy.none()
+  local plan = p.resolve(#self, resolve_ctx(self, x, opts.loss))
+  local sim = C.plan_simulate(self, x, plan, opts.loss, true)
+  local keep = C.plan_simulate(self, x, false, opts.loss, false)
+  local info = C.layer_info(self)
+  local report = setmetatable({ policy = tostring(p), layers = {}, predicted_peak = sim.peak,
+    recompute_flops = sim.recompute_flops, flops = sim.flops, keep_peak = keep.peak, base = sim.base }, PlanReport)
+  for i, l in ipairs(sim.layers) do
+    report.layers[i] = {
+      index = i, name = info[i].describe, type = info[i].type, action = plan[i].action,
+      selective = plan[i].action == "selective" and plan[i].ops or nil,
+      saved_bytes = l.saved, output_bytes = l.out_bytes, flops = l.flops, param_bytes = l.param_bytes,
+      recompute_flops = l.recompute_flops,
+    }
+  end
+  return report
+end
+
+return true

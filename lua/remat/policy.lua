@@ -1,0 +1,191 @@
+-- Checkpoint policies: Lua values that become a plan (one action per layer of a
+-- Sequential) which the C engine executes. See DESIGN.md, "The checkpoint engine".
+local remat = package.loaded.remat
+local C = remat._C
+local policy = {}
+remat.policy = policy
+
+local Policy = {}
+Policy.__index = Policy
+Policy.__tostring = function(p) return "remat.policy." .. p.name end
+
+local function new(name, fields)
+  fields.name = name
+  return setmetatable(fields, Policy)
+end
+
+function policy.is_policy(p) return getmetatable(p) == Policy end
+
+-- Ops a selective policy may name: the registry's user-facing names.
+local function known_ops()
+  local set, list = {}, {}
+  for _, op in ipairs(C.op_list()) do
+    if op.implemented and not op.internal then
+      set[op.name] = true
+      list[#list + 1] = op.name
+    end
+  end
+  return set, list
+end
+
+local function check_ops(ops, where)
+  if type(ops) ~= "table" or #ops == 0 then
+    error(("%s: expected a list of op names such as {\"softmax\", \"gelu\"}"):format(where), 3)
+  end
+  local set, list = known_ops()
+  for _, name in ipairs(ops) do
+    if not set[name] then
+      error(("%s: unknown op '%s' (known ops: %s)"):format(where, tostring(name), table.concat(list, ", ")), 3)
+    end
+  end
+  return ops
+end
+
+local function uniform(n, action, ops)
+  local plan = {}
+  for i = 1, n do plan[i] = { action = action, ops = ops } end
+  return plan
+end
+
+-- Keep everything (no checkpointing).
+function policy.none()
+  return new("none()", { resolve = function(n) return uniform(n, "keep") end })
+end
+
+-- A boundary at layers 1, k+1, 2k+1, ...; the layers between are recomputed.
+function policy.every(k)
+  if math.type(k) ~= "integer" or k < 1 then
+    error("policy.every: k must be an integer >= 1, got " .. tostring(k), 2)
+  end
+  return new(("every(%d)"):format(k), {
+    k = k,
+    resolve = function(n)
+      local plan = {}
+      for i = 1, n do plan[i] = { action = (i - 1) % k == 0 and "boundary" or "recompute" } end
+      return plan
+    end,
+  })
+end
+
+-- every(k) with k = round(sqrt(N)).
+function policy.sqrt()
+  return new("sqrt()", {
+    resolve = function(n)
+      local k = math.max(1, math.floor(math.sqrt(n) + 0.5))
+      return policy.every(k).resolve(n)
+    end,
+  })
+end
+
+-- Every layer selective: outputs of the named ops are recomputed in backward.
+function policy.selective(ops)
+  check_ops(ops, "policy.selective")
+  local copy = table.move(ops, 1, #ops, 1, {})
+  return new(("selective{%s}"):format(table.concat(copy, ", ")), {
+    ops = copy,
+    resolve = function(n) return uniform(n, "selective", copy) end,
+  })
+end
+
+-- Cheap-to-recompute ops a budget plan may make selective.
+policy.cheap_ops = { "softmax", "log_softmax", "gelu", "silu", "relu", "sigmoid", "tanh", "dropout" }
+
+local function parse_budget(b)
+  local bytes = C.parse_bytes(b)
+  if not bytes then
+    error(("policy.budget: cannot read %s as a size (examples: 2GiB, 512MiB, 1e9)"):format(
+      type(b) == "string" and ("'" .. b .. "'") or tostring(b)), 3)
+  end
+  return bytes
+end
+
+local function plan_of(actions, ops)
+  local plan = {}
+  for i, a in ipairs(actions) do plan[i] = { action = a, ops = a == "selective" and ops or nil } end
+  return plan
+end
+
+-- The plan with the least recompute whose activation peak is <= b (bytes or "2GiB").
+function policy.budget(b)
+  local bytes = parse_budget(b)
+  return new(("budget(%s)"):format(remat.memory.format(bytes)), {
+    bytes = bytes,
+    needs_input = true,
+    resolve = function(n, ctx)
+      local keep = ctx.keep_stats()
+      if keep.peak <= bytes then return uniform(n, "keep") end
+      local ops = {}
+      local set = known_ops()
+      for _, op in ipairs(policy.cheap_ops) do if set[op] then ops[#ops + 1] = op end end
+      local sel = ctx.simulate(uniform(n, "selective", ops), true)
+      local chain = {}
+      for i = 1, n do
+        local k, s = keep.layers[i], sel.layers[i]
+        chain[i] = {
+          keep_saved = k.saved, keep_fwd = k.fwd_peak, keep_bwd = k.bwd_peak,
+          sel_saved = s.saved, sel_bwd = s.bwd_peak,
+          sel_flops = s.saved < k.saved and s.recompute_flops or -1,
+          in_bytes = k.in_bytes, flops = k.flops,
+        }
+      end
+      local m = bytes - keep.base
+      for _ = 1, 16 do
+        local actions = C.chain_optimal(chain, m)
+        if not actions then break end
+        local plan = plan_of(actions, ops)
+        local sim = ctx.simulate(plan)
+        if sim.peak <= bytes then return plan end
+        m = m - (sim.peak - bytes) - 1
+      end
+      -- No plan fits: find the smallest budget that does, to say so.
+      local best
+      local lo, hi = 0, keep.peak - keep.base
+      for _ = 1, 24 do
+        local mid = (lo + hi) / 2
+        if C.chain_optimal(chain, mid) then hi = mid else lo = mid end
+      end
+      local actions = C.chain_optimal(chain, hi)
+      if actions then best = ctx.simulate(plan_of(actions, ops)).peak end
+      for _, k in ipairs({ 1, 2, math.max(1, math.floor(math.sqrt(n) + 0.5)) }) do
+        local p = ctx.simulate(policy.every(k).resolve(n)).peak
+        if not best or p < best then best = p end
+      end
+      error(("policy.budget: no plan keeps activations within %s; the smallest that fits needs %s (policy.budget(%d))"):format(
+        remat.memory.format(bytes), remat.memory.format(best), best), 0)
+    end,
+  })
+end
+
+local ACTIONS = { keep = true, boundary = true, recompute = true }
+
+-- A Lua function called once per layer with what is known of it; it returns
+-- "keep", "boundary", "recompute" or {selective = {ops...}}.
+function policy.custom(fn)
+  if type(fn) ~= "function" then error("policy.custom: expected a function, got " .. type(fn), 2) end
+  return new("custom", {
+    needs_input = true,
+    resolve = function(n, ctx)
+      local keep = ctx.keep_stats()
+      local info = C.layer_info(ctx.model)
+      local plan = {}
+      for i = 1, n do
+        local s = keep.layers[i]
+        local ans = fn({
+          index = i, name = info[i].describe, type = info[i].type, param_bytes = s.param_bytes,
+          saved_bytes = s.saved, output_bytes = s.out_bytes, flops = s.flops,
+        })
+        if type(ans) == "string" and ACTIONS[ans] then
+          plan[i] = { action = ans }
+        elseif type(ans) == "table" and type(ans.selective) == "table" then
+          plan[i] = { action = "selective", ops = check_ops(ans.selective, ("custom policy (layer %d)"):format(i)) }
+        else
+          error(("custom policy: layer %d: expected \"keep\", \"boundary\", \"recompute\" or {selective = {...}}, got %s"):format(
+            i, type(ans) == "string" and ("'" .. ans .. "'") or tostring(ans)), 0)
+        end
+      end
+      return plan
+    end,
+  })
+end
+
+return policy
