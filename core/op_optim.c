@@ -1,0 +1,97 @@
+/* Optimizer steps: fused elementwise updates, meant to run in place with rm_op_into
+ * (outputs alias inputs: every element is read before it is written). Internal and
+ * not differentiable. Semantics are exactly PyTorch's torch.optim.SGD / Adam / AdamW
+ * (single-tensor path, maximize = false).
+ *
+ * sgd_step(param, grad, buf) -> (param, buf)
+ *   f[0] lr, f[1] momentum, f[2] weight_decay, f[3] dampening,
+ *   i[0] nesterov (0/1), i[1] first step (1: buf = d_p instead of the momentum update).
+ *     d_p = grad + weight_decay * param
+ *     momentum != 0: buf = first ? d_p : momentum * buf + (1 - dampening) * d_p
+ *                    d_p = nesterov ? d_p + momentum * buf : buf
+ *     param -= lr * d_p
+ *   With momentum 0 the buffer is not used (left as it is; copied to a separate
+ *   output tensor when it is not aliased).
+ *
+ * adamw_step(param, grad, m, v) -> (param, m, v)
+ *   f[0] lr, f[1] beta1, f[2] beta2, f[3] eps,
+ *   i[0] step t (>= 1, counting this step), i[1] decoupled (1: AdamW, 0: Adam with L2),
+ *   i[2] weight_decay as the IEEE-754 bits of a double (rm_attrs has 4 float slots, all
+ *        taken; the bits carry the value exactly): memcpy(&a.i[2], &wd, 8) in C,
+ *        string.unpack("<i8", string.pack("<d", wd)) in Lua. 0 bits = no decay.
+ *     decoupled: param *= 1 - lr * wd;  else: grad += wd * param
+ *     m = lerp(m, grad, 1 - beta1);  v = beta2 * v + (1 - beta2) * grad^2
+ *     param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ *
+ * rm_op_into does not run infer, so the kernels run it themselves (through the
+ * registry) and check that the outputs match the inputs before touching memory. */
+#include <math.h>
+#include <string.h>
+
+#include "ops.h"
+
+/* param, grad and state tensors: same shape, dtype and device. */
+static int check_state(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in) {
+  static const char *const names[] = { "param", "grad", "state 1", "state 2" };
+  if (rm_check_same_device(ctx, op, nin, in) || rm_check_same_dtype(ctx, op, nin, in)) return ctx->err_code;
+  for (int i = 1; i < nin; i++)
+    if (!rm_same_shape(in[i], in[0])) {
+      char s1[96], s2[96];
+      return rm_fail(ctx, RM_ERR_SHAPE, "%s: %s is %s but param is %s", op, names[i],
+                     rm_tensor_shape_str(in[i], s1, sizeof s1), rm_tensor_shape_str(in[0], s2, sizeof s2));
+    }
+  return RM_OK;
+}
+
+static int sgd_step_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  const char *op = "sgd_step";
+  if (check_state(ctx, op, nin, in)) return ctx->err_code;
+  double lr = a->f[0], momentum = a->f[1], wd = a->f[2], dampening = a->f[3];
+  if (!(lr >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid learning rate %g", op, lr);
+  if (!(momentum >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid momentum %g", op, momentum);
+  if (!(wd >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid weight_decay %g", op, wd);
+  if (!isfinite(dampening)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid dampening %g", op, dampening);
+  if (a->i[0] && (momentum <= 0 || dampening != 0))
+    return rm_fail(ctx, RM_ERR_ARG, "%s: nesterov momentum requires a momentum and zero dampening", op);
+  rm_tensor_meta(in[0], &out[0]);
+  out[1] = out[0];
+  return RM_OK;
+}
+
+static double sgd_step_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)nin; (void)a; (void)out;
+  return 6.0 * (double)rm_tensor_numel(in[0]);
+}
+
+const rm_op_def rm_opdef_sgd_step = {
+  .name = "sgd_step", .nin = 3, .nout = 2, .nvis = 2, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL,
+  .infer = sgd_step_infer, .flops = sgd_step_flops,
+};
+
+static int adamw_step_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  const char *op = "adamw_step";
+  if (check_state(ctx, op, nin, in)) return ctx->err_code;
+  double lr = a->f[0], b1 = a->f[1], b2 = a->f[2], eps = a->f[3], wd;
+  memcpy(&wd, &a->i[2], sizeof wd);
+  if (!(lr >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid learning rate %g", op, lr);
+  if (!(b1 >= 0 && b1 < 1)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid beta1 %g (must be in [0, 1))", op, b1);
+  if (!(b2 >= 0 && b2 < 1)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid beta2 %g (must be in [0, 1))", op, b2);
+  if (!(eps >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid eps %g", op, eps);
+  if (!(wd >= 0))
+    return rm_fail(ctx, RM_ERR_ARG, "%s: invalid weight_decay %g (i[2] holds the bits of a double)", op, wd);
+  if (a->i[0] < 1) return rm_fail(ctx, RM_ERR_ARG, "%s: step %lld must be >= 1", op, (long long)a->i[0]);
+  if (a->i[1] != 0 && a->i[1] != 1)
+    return rm_fail(ctx, RM_ERR_ARG, "%s: decoupled (i[1]) must be 0 or 1, got %lld", op, (long long)a->i[1]);
+  for (int j = 0; j < 3; j++) rm_tensor_meta(in[0], &out[j]);
+  return RM_OK;
+}
+
+static double adamw_step_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)nin; (void)a; (void)out;
+  return 14.0 * (double)rm_tensor_numel(in[0]);
+}
+
+const rm_op_def rm_opdef_adamw_step = {
+  .name = "adamw_step", .nin = 4, .nout = 3, .nvis = 3, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL,
+  .infer = adamw_step_infer, .flops = adamw_step_flops,
+};

@@ -1,0 +1,136 @@
+/* CPU kernels for the losses (see core/op_loss.c). Row math and sums run in double for
+ * both dtypes. Sums are split into a fixed number of chunks that depends only on the
+ * size, added in order, so the loss is bit-identical whatever the thread count. */
+#include <math.h>
+
+#include "cpu.h"
+
+#define CHUNKS 64
+
+/* Labels: data of a float32 or float64 tensor. */
+typedef struct { const float *f; const double *d; } labdata;
+
+static labdata lab_of(const rm_tensor *t) {
+  labdata p = { NULL, NULL };
+  if (t->dtype == RM_F64) p.d = rm_tensor_ptr(t);
+  else p.f = rm_tensor_ptr(t);
+  return p;
+}
+
+static inline int64_t lab_pos(labdata p, int64_t k) {
+  return (int64_t)(p.d ? p.d[k] : (double)p.f[k]) - 1;
+}
+
+/* Checks that every label is a whole number in 1..classes; the error names the row. */
+static int check_labels(rm_ctx *ctx, const char *op, const rm_tensor *labels, int64_t classes) {
+  labdata p = lab_of(labels);
+  int64_t n = rm_tensor_numel(labels);
+  for (int64_t k = 0; k < n; k++) {
+    double v = p.d ? p.d[k] : (double)p.f[k];
+    if (v >= 1 && v <= (double)classes && v == floor(v)) continue;
+    if (v != v) v = NAN; /* print "nan", not "-nan" */
+    if (v == floor(v))
+      return rm_fail(ctx, RM_ERR_ARG, "%s: label %.17g is out of range 1..%lld (row %lld)", op, v,
+                     (long long)classes, (long long)k + 1);
+    return rm_fail(ctx, RM_ERR_ARG, "%s: label %.17g is not a whole number in 1..%lld (row %lld)", op, v,
+                   (long long)classes, (long long)k + 1);
+  }
+  return RM_OK;
+}
+
+/* log(sum(exp(row))), computed stably (NaN in, NaN out). */
+#define ROW_LSE(T, row, C, out)                                      \
+  do {                                                               \
+    double m_ = -INFINITY, s_ = 0;                                   \
+    for (int64_t j_ = 0; j_ < (C); j_++)                             \
+      if ((double)(row)[j_] > m_) m_ = (double)(row)[j_];            \
+    for (int64_t j_ = 0; j_ < (C); j_++) s_ += exp((double)(row)[j_] - m_); \
+    (out) = m_ + log(s_);                                            \
+  } while (0)
+
+#define CE_FORWARD(T)                                                                    \
+  do {                                                                                   \
+    const T *px = rm_tensor_ptr(in[0]);                                                  \
+    double part[CHUNKS] = { 0 };                                                         \
+    int64_t per = (rows + CHUNKS - 1) / CHUNKS;                                          \
+    _Pragma("omp parallel for if (rows * classes > RM_CPU_PAR_MIN)")                     \
+    for (int c = 0; c < CHUNKS; c++) {                                                   \
+      double acc = 0;                                                                    \
+      int64_t r1 = (c + 1) * per < rows ? (c + 1) * per : rows;                          \
+      for (int64_t r = c * per; r < r1; r++) {                                           \
+        const T *row = px + r * classes;                                                 \
+        double lse;                                                                      \
+        ROW_LSE(T, row, classes, lse);                                                   \
+        acc += lse - (double)row[lab_pos(lp, r)];                                        \
+      }                                                                                  \
+      part[c] = acc;                                                                     \
+    }                                                                                    \
+    double total = 0;                                                                    \
+    for (int c = 0; c < CHUNKS; c++) total += part[c];                                   \
+    *(T *)rm_tensor_ptr(out[0]) = (T)(total / (double)rows);                             \
+  } while (0)
+
+RM_CPU_KERNEL(cross_entropy) {
+  (void)nin; (void)nout; (void)a;
+  int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
+  if (check_labels(ctx, "cross_entropy", in[1], classes)) return ctx->err_code;
+  labdata lp = lab_of(in[1]);
+  if (out[0]->dtype == RM_F64) CE_FORWARD(double);
+  else CE_FORWARD(float);
+  return RM_OK;
+}
+
+#define CE_BACKWARD(T)                                                                   \
+  do {                                                                                   \
+    const T *px = rm_tensor_ptr(in[0]);                                                  \
+    T *po = rm_tensor_ptr(out[0]);                                                       \
+    double scale = (double)*(const T *)rm_tensor_ptr(in[2]) / (double)rows;              \
+    _Pragma("omp parallel for if (rows * classes > RM_CPU_PAR_MIN)")                     \
+    for (int64_t r = 0; r < rows; r++) {                                                 \
+      const T *row = px + r * classes;                                                   \
+      T *o = po + r * classes;                                                           \
+      double lse;                                                                        \
+      ROW_LSE(T, row, classes, lse);                                                     \
+      int64_t y = lab_pos(lp, r);                                                        \
+      for (int64_t j = 0; j < classes; j++)                                              \
+        o[j] = (T)((exp((double)row[j] - lse) - (j == y ? 1.0 : 0.0)) * scale);          \
+    }                                                                                    \
+  } while (0)
+
+RM_CPU_KERNEL(cross_entropy_backward) {
+  (void)nin; (void)nout; (void)a;
+  int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
+  if (check_labels(ctx, "cross_entropy_backward", in[1], classes)) return ctx->err_code;
+  labdata lp = lab_of(in[1]);
+  if (out[0]->dtype == RM_F64) CE_BACKWARD(double);
+  else CE_BACKWARD(float);
+  return RM_OK;
+}
+
+#define MSE_LOOP(T)                                                                      \
+  do {                                                                                   \
+    const T *pp = rm_tensor_ptr(in[0]), *pt = rm_tensor_ptr(in[1]);                      \
+    double part[CHUNKS] = { 0 };                                                         \
+    int64_t per = (n + CHUNKS - 1) / CHUNKS;                                             \
+    _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                                  \
+    for (int c = 0; c < CHUNKS; c++) {                                                   \
+      double acc = 0;                                                                    \
+      int64_t i1 = (c + 1) * per < n ? (c + 1) * per : n;                                \
+      for (int64_t i = c * per; i < i1; i++) {                                           \
+        double d = (double)pp[i] - (double)pt[i];                                        \
+        acc += d * d;                                                                    \
+      }                                                                                  \
+      part[c] = acc;                                                                     \
+    }                                                                                    \
+    double total = 0;                                                                    \
+    for (int c = 0; c < CHUNKS; c++) total += part[c];                                   \
+    *(T *)rm_tensor_ptr(out[0]) = (T)(total / (double)n);                                \
+  } while (0)
+
+RM_CPU_KERNEL(mse) {
+  (void)ctx; (void)nin; (void)nout; (void)a;
+  int64_t n = rm_tensor_numel(in[0]);
+  if (out[0]->dtype == RM_F64) MSE_LOOP(double);
+  else MSE_LOOP(float);
+  return RM_OK;
+}

@@ -1,0 +1,101 @@
+/* CPU kernels for the optimizer steps (semantics and attrs in core/op_optim.c). They
+ * run in place: each element of every input is read before the aliased output element
+ * is written. Scalars are formed in double and applied in the tensor's dtype, as
+ * PyTorch does. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+
+/* rm_op_into does not run infer: run it here, then make sure the outputs can take the
+ * result (same shape, dtype and device as param, contiguous) and the inputs are
+ * contiguous, so a bad in-place call is an error, never a stray write. */
+static int check_step(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, int nout,
+                      rm_tensor *const *out, const rm_attrs *a) {
+  const rm_op_def *def = rm_op_def_get(op);
+  rm_meta meta[4];
+  if (nin != def->nin || nout != def->nout)
+    return rm_fail(ctx, RM_ERR_ARG, "%s: takes %d inputs and %d outputs (got %d and %d)", def->name, def->nin,
+                   def->nout, nin, nout);
+  if (def->infer(ctx, nin, in, a, meta)) return ctx->err_code;
+  for (int i = 0; i < nin; i++)
+    if (!rm_tensor_is_contiguous(in[i]))
+      return rm_fail(ctx, RM_ERR_ARG, "%s: input %d must be contiguous", def->name, i + 1);
+  for (int j = 0; j < nout; j++)
+    if (!rm_same_shape(out[j], in[0]) || out[j]->dtype != in[0]->dtype || out[j]->device != in[0]->device ||
+        !rm_tensor_is_contiguous(out[j]))
+      return rm_fail(ctx, RM_ERR_ARG, "%s: output %d must be a contiguous tensor like param", def->name, j + 1);
+  return RM_OK;
+}
+
+#define SGD_LOOP(T)                                                                          \
+  do {                                                                                       \
+    const T *pp = rm_tensor_ptr(in[0]), *pg = rm_tensor_ptr(in[1]), *pbi = rm_tensor_ptr(in[2]); \
+    T *po = rm_tensor_ptr(out[0]), *pb = rm_tensor_ptr(out[1]);                              \
+    const T lr = (T)a->f[0], mom = (T)a->f[1], wd = (T)a->f[2], keep = (T)(1.0 - a->f[3]);   \
+    const bool nesterov = a->i[0] != 0, first = a->i[1] != 0;                                \
+    if (mom == 0) {                                                                          \
+      if (pb != pbi) memcpy(pb, pbi, sizeof(T) * (size_t)n);                                 \
+      _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                                    \
+      for (int64_t i = 0; i < n; i++) {                                                      \
+        T p = pp[i], d = pg[i];                                                              \
+        if (wd != 0) d = d + wd * p;                                                         \
+        po[i] = p - lr * d;                                                                  \
+      }                                                                                      \
+    } else {                                                                                 \
+      _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                                    \
+      for (int64_t i = 0; i < n; i++) {                                                      \
+        T p = pp[i], d = pg[i];                                                              \
+        if (wd != 0) d = d + wd * p;                                                         \
+        T b = first ? d : pbi[i] * mom + keep * d;                                           \
+        d = nesterov ? d + mom * b : b;                                                      \
+        pb[i] = b;                                                                           \
+        po[i] = p - lr * d;                                                                  \
+      }                                                                                      \
+    }                                                                                        \
+  } while (0)
+
+RM_CPU_KERNEL(sgd_step) {
+  if (check_step(ctx, RM_OP_SGD_STEP, nin, in, nout, out, a)) return ctx->err_code;
+  int64_t n = rm_tensor_numel(in[0]);
+  if (in[0]->dtype == RM_F64) SGD_LOOP(double);
+  else SGD_LOOP(float);
+  return RM_OK;
+}
+
+/* PyTorch's lerp: start + w (end - start), from the other end when w >= 0.5. */
+#define LERP(s, e, w) ((w) < 0.5 ? (s) + (w) * ((e) - (s)) : (e) - ((e) - (s)) * (1 - (w)))
+
+#define ADAM_LOOP(T, SQRT)                                                                   \
+  do {                                                                                       \
+    const T *pp = rm_tensor_ptr(in[0]), *pg = rm_tensor_ptr(in[1]);                          \
+    const T *pmi = rm_tensor_ptr(in[2]), *pvi = rm_tensor_ptr(in[3]);                        \
+    T *po = rm_tensor_ptr(out[0]), *pm = rm_tensor_ptr(out[1]), *pv = rm_tensor_ptr(out[2]); \
+    const T w1 = (T)(1.0 - b1), beta2 = (T)b2, c2 = (T)(1.0 - b2), eps = (T)a->f[3];         \
+    const T step_size = (T)(lr / bc1), bc2_sqrt = (T)sqrt(bc2);                              \
+    const T decay = (T)(1.0 - lr * wd), wdt = (T)wd;                                         \
+    _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                                      \
+    for (int64_t i = 0; i < n; i++) {                                                        \
+      T p = pp[i], g = pg[i], m = pmi[i], v = pvi[i];                                        \
+      if (decoupled) p = p * decay;                                                          \
+      else if (wdt != 0) g = g + wdt * p;                                                    \
+      m = LERP(m, g, w1);                                                                    \
+      v = v * beta2 + c2 * g * g;                                                            \
+      T denom = SQRT(v) / bc2_sqrt + eps;                                                    \
+      pm[i] = m;                                                                             \
+      pv[i] = v;                                                                             \
+      po[i] = p + (-step_size) * (m / denom);                                                \
+    }                                                                                        \
+  } while (0)
+
+RM_CPU_KERNEL(adamw_step) {
+  if (check_step(ctx, RM_OP_ADAMW_STEP, nin, in, nout, out, a)) return ctx->err_code;
+  int64_t n = rm_tensor_numel(in[0]);
+  double lr = a->f[0], b1 = a->f[1], b2 = a->f[2], wd;
+  memcpy(&wd, &a->i[2], sizeof wd);
+  bool decoupled = a->i[1] != 0;
+  double bc1 = 1.0 - pow(b1, (double)a->i[0]), bc2 = 1.0 - pow(b2, (double)a->i[0]);
+  if (in[0]->dtype == RM_F64) ADAM_LOOP(double, sqrt);
+  else ADAM_LOOP(float, sqrtf);
+  return RM_OK;
+}

@@ -1,0 +1,179 @@
+-- Spec cases for the optimizer steps (see spec/ops_spec.lua for the contract). They run
+-- in place through rm_op_into in the library; here C.op runs them with fresh outputs,
+-- which tests the same kernel math. References follow torch.optim.SGD / Adam / AdamW.
+local remat = require "remat"
+local kit = require "support.kit"
+local C = remat._C
+
+-- adamw_step takes the weight decay as the IEEE-754 bits of a double in i[2].
+local function f64bits(x) return (string.unpack("<i8", string.pack("<d", x))) end
+
+-- torch.optim.SGD on flat tables; returns new param and buffer.
+local function ref_sgd(p, g, buf, o, first)
+  local np, nb = {}, {}
+  for i = 1, #p do
+    local d = g[i] + o.wd * p[i]
+    local b = buf[i]
+    if o.momentum ~= 0 then
+      b = first and d or o.momentum * buf[i] + (1 - o.dampening) * d
+      d = o.nesterov and d + o.momentum * b or b
+    end
+    np[i], nb[i] = p[i] - o.lr * d, b
+  end
+  return np, nb
+end
+
+-- torch.optim.Adam (decoupled = false) / AdamW (decoupled = true), step t.
+local function ref_adam(p, g, m, v, o, t)
+  local np, nm, nv = {}, {}, {}
+  local w = 1 - o.beta1
+  local bc1, bc2 = 1 - o.beta1 ^ t, 1 - o.beta2 ^ t
+  for i = 1, #p do
+    local pi, gi = p[i], g[i]
+    if o.decoupled then pi = pi * (1 - o.lr * o.wd) else gi = gi + o.wd * pi end
+    local mi = w < 0.5 and m[i] + w * (gi - m[i]) or gi - (gi - m[i]) * (1 - w)
+    local vi = v[i] * o.beta2 + (1 - o.beta2) * gi * gi
+    local denom = math.sqrt(vi) / math.sqrt(bc2) + o.eps
+    np[i], nm[i], nv[i] = pi - o.lr / bc1 * (mi / denom), mi, vi
+  end
+  return np, nm, nv
+end
+
+local function errs(pattern, ...)
+  local ok, err = pcall(...)
+  assert(not ok, "expected an error matching '" .. pattern .. "'")
+  assert(tostring(err):find(pattern, 1, true), ("error '%s' does not mention '%s'"):format(tostring(err), pattern))
+end
+
+return function(K)
+  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function sgd_attrs(o, first)
+    return { f = { o.lr, o.momentum, o.wd, o.dampening }, i = { o.nesterov and 1 or 0, first and 1 or 0 } }
+  end
+  local function adam_attrs(o, t)
+    return { f = { o.lr, o.beta1, o.beta2, o.eps }, i = { t, o.decoupled and 1 or 0, f64bits(o.wd) } }
+  end
+
+  -- Runs `steps` SGD steps from random state, checking every step against the
+  -- reference applied to the values the previous step actually produced.
+  local function run_sgd(o, shape, steps)
+    local p, pv = K.rand(shape)
+    local buf, bv = K.rand(shape)
+    for s = 1, steps do
+      local g, gv = K.rand(shape)
+      local ep, eb = ref_sgd(pv, gv, bv, o, s == 1)
+      p, buf = op("sgd_step", sgd_attrs(o, s == 1), p, g, buf)
+      K.check(p, ep, shape, nil, "param after step " .. s)
+      K.check(buf, eb, shape, nil, "buffer after step " .. s)
+      pv, bv = C.flat(p), C.flat(buf)
+    end
+  end
+
+  local function run_adam(o, shape, steps)
+    local p, pv = K.rand(shape)
+    local m, v = K.tensor(kit.values(shape, 0, 0), shape), K.tensor(kit.values(shape, 0, 0), shape)
+    local mv, vv = C.flat(m), C.flat(v)
+    for t = 1, steps do
+      local g, gv = K.rand(shape)
+      local ep, em, ev = ref_adam(pv, gv, mv, vv, o, t)
+      p, m, v = op("adamw_step", adam_attrs(o, t), p, g, m, v)
+      K.check(p, ep, shape, nil, "param after step " .. t)
+      K.check(m, em, shape, nil, "m after step " .. t)
+      K.check(v, ev, shape, nil, "v after step " .. t)
+      pv, mv, vv = C.flat(p), C.flat(m), C.flat(v)
+    end
+  end
+
+  local plain = { lr = 0.1, momentum = 0, wd = 0, dampening = 0, nesterov = false }
+  local adamw = { lr = 0.05, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, wd = 0.01, decoupled = true }
+
+  return {
+    sgd_step = {
+      nodiff = "optimizer update: runs in place, outside autograd",
+      forward = {
+        ["plain SGD leaves the buffer alone"] = function()
+          local p, pv = K.rand({ 3, 5 })
+          local g, gv = K.rand({ 3, 5 })
+          local b, bv = K.rand({ 3, 5 })
+          local np, nb = op("sgd_step", sgd_attrs(plain, true), p, g, b)
+          local e = {}
+          for i = 1, #pv do e[i] = pv[i] - 0.1 * gv[i] end
+          K.check(np, e, { 3, 5 })
+          K.check(nb, bv, { 3, 5 })
+        end,
+        ["momentum, dampening and weight decay over 4 steps"] = function()
+          run_sgd({ lr = 0.05, momentum = 0.9, wd = 0.01, dampening = 0.1, nesterov = false }, { 7, 3 }, 4)
+        end,
+        ["nesterov over 3 steps"] = function()
+          run_sgd({ lr = 0.2, momentum = 0.8, wd = 0.001, dampening = 0, nesterov = true }, { 11 }, 3)
+        end,
+        ["weight decay without momentum; empty and 0-d params"] = function()
+          run_sgd({ lr = 0.3, momentum = 0, wd = 0.5, dampening = 0, nesterov = false }, { 2, 1, 3 }, 2)
+          run_sgd({ lr = 0.3, momentum = 0.5, wd = 0, dampening = 0, nesterov = false }, { 0, 4 }, 2)
+          run_sgd({ lr = 0.3, momentum = 0.5, wd = 0, dampening = 0, nesterov = false }, {}, 2)
+        end,
+        ["non-contiguous grad"] = function()
+          local p, pv = K.rand({ 4, 3 })
+          local g, gv = K.noncontig({ 4, 3 })
+          local b, bv = K.rand({ 4, 3 })
+          local o = { lr = 0.1, momentum = 0.9, wd = 0, dampening = 0, nesterov = false }
+          local ep, eb = ref_sgd(pv, gv, bv, o, false)
+          local np, nb = op("sgd_step", sgd_attrs(o, false), p, g, b)
+          K.check(np, ep, { 4, 3 })
+          K.check(nb, eb, { 4, 3 })
+        end,
+        ["errors"] = function()
+          local p, g, b = K.rand({ 2, 2 }), K.rand({ 2, 2 }), K.rand({ 2, 2 })
+          errs("sgd_step: nesterov momentum requires a momentum and zero dampening", op, "sgd_step",
+               { f = { 0.1, 0.9, 0, 0.1 }, i = { 1, 0 } }, p, g, b)
+          errs("sgd_step: nesterov", op, "sgd_step", { f = { 0.1, 0, 0, 0 }, i = { 1, 0 } }, p, g, b)
+          errs("sgd_step: invalid learning rate -1", op, "sgd_step", { f = { -1 } }, p, g, b)
+          errs("sgd_step: grad is 4 but param is 2x2", op, "sgd_step", { f = { 0.1 } }, p, (K.rand({ 4 })), b)
+        end,
+      },
+    },
+
+    adamw_step = {
+      nodiff = "optimizer update: runs in place, outside autograd",
+      forward = {
+        ["AdamW over 4 steps"] = function() run_adam(adamw, { 5, 3 }, 4) end,
+        ["Adam with L2 weight decay over 3 steps"] = function()
+          run_adam({ lr = 0.01, beta1 = 0.8, beta2 = 0.99, eps = 1e-6, wd = 0.1, decoupled = false }, { 9 }, 3)
+        end,
+        ["beta1 below 0.5 (lerp from the other end), no decay"] = function()
+          run_adam({ lr = 0.1, beta1 = 0.3, beta2 = 0.5, eps = 1e-3, wd = 0, decoupled = true }, { 2, 2 }, 3)
+        end,
+        ["empty, 0-d and non-contiguous params"] = function()
+          run_adam(adamw, { 0, 3 }, 2)
+          run_adam(adamw, {}, 2)
+          local p, pv = K.noncontig({ 3, 2 })
+          local g, gv = K.rand({ 3, 2 })
+          local z = kit.values({ 3, 2 }, 0, 0)
+          local ep = ref_adam(pv, gv, z, z, adamw, 1)
+          K.check((op("adamw_step", adam_attrs(adamw, 1), p, g, K.tensor(z, { 3, 2 }), K.tensor(z, { 3, 2 }))), ep, { 3, 2 })
+        end,
+        ["first step moves each weight by lr against the gradient's sign"] = function()
+          local o = { lr = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, wd = 0, decoupled = true }
+          local p = K.tensor({ 1, 1, 1 }, { 3 })
+          local g = K.tensor({ 0.5, -2, 1e-3 }, { 3 })
+          local z = K.tensor({ 0, 0, 0 }, { 3 })
+          local np = op("adamw_step", adam_attrs(o, 1), p, g, z, z)
+          K.check(np, { 0.99, 1.01, 1 - 0.01 * 1e-3 / (1e-3 + 1e-8) }, { 3 }, 1e-6)
+        end,
+        ["errors"] = function()
+          local p, g = K.rand({ 2 }), K.rand({ 2 })
+          local m, v = K.rand({ 2 }), K.rand({ 2 })
+          local function at(f, i) return { f = f, i = i } end
+          errs("adamw_step: step 0 must be >= 1", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 0, 1, 0 }), p, g, m, v)
+          errs("adamw_step: invalid beta1 1", op, "adamw_step", at({ 0.1, 1, 0.999, 1e-8 }, { 1, 1, 0 }), p, g, m, v)
+          errs("adamw_step: invalid beta2 -0.5", op, "adamw_step", at({ 0.1, 0.9, -0.5, 1e-8 }, { 1, 1, 0 }), p, g, m, v)
+          errs("adamw_step: invalid weight_decay -0.5", op, "adamw_step",
+               at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 1, f64bits(-0.5) }), p, g, m, v)
+          errs("adamw_step: decoupled (i[1]) must be 0 or 1", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 2, 0 }), p, g, m, v)
+          errs("adamw_step: state 2 is 3 but param is 2", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 1, 0 }),
+               p, g, m, (K.rand({ 3 })))
+        end,
+      },
+    },
+  }
+end
