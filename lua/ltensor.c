@@ -384,13 +384,16 @@ static void assign(lua_State *L, rm_tensor *dst, int vidx, const char *fn) {
   if (src->dtype != RM_F32 && src->dtype != RM_F64)
     rm_lua_errorf(L, "%s: cannot read a %s tensor on the cpu", fn, rm_dtype_name(src->dtype));
   /* broadcast src to dst's shape: stride 0 on new and size-1 dimensions */
+  /* leading size-1 dimensions of src beyond dst's are dropped (x[i] = t{{v}} works) */
+  int skip = 0;
+  while (src->ndim - skip > dst->ndim && src->shape[skip] == 1) skip++;
   int64_t st[RM_MAX_DIM];
-  int off = dst->ndim - src->ndim;
+  int off = dst->ndim - (src->ndim - skip);
   bool ok = off >= 0;
   for (int d = 0; ok && d < dst->ndim; d++) {
     if (d < off) { st[d] = 0; continue; }
-    int64_t s = src->shape[d - off];
-    if (s == dst->shape[d]) st[d] = src->stride[d - off];
+    int64_t s = src->shape[d - off + skip];
+    if (s == dst->shape[d]) st[d] = src->stride[d - off + skip];
     else if (s == 1) st[d] = 0;
     else ok = false;
   }
@@ -405,7 +408,7 @@ static void assign(lua_State *L, rm_tensor *dst, int vidx, const char *fn) {
     if (!tmp) rm_lua_fail(L, fn);
     src = tmp;
     for (int d = off; d < dst->ndim; d++)
-      if (st[d]) st[d] = src->stride[d - off];
+      if (st[d]) st[d] = src->stride[d - off + skip];
   }
   const char *ps = rm_tensor_ptr(src);
   for (int64_t i = 0; i < n; i++) {
