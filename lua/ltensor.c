@@ -96,7 +96,7 @@ static rm_tensor *check_input(lua_State *L, int idx, int k, const char *fn) {
   rm_ltensor *b = luaL_testudata(L, idx, RM_TENSOR_MT);
   if (!b) {
     if (lua_isnoneornil(L, idx)) rm_lua_errorf(L, "%s: input %d: expected a tensor, got nothing", fn, k);
-    rm_lua_errorf(L, "%s: input %d: expected a tensor or a number, got %s", fn, k, luaL_typename(L, idx));
+    rm_lua_errorf(L, "%s: input %d: expected a tensor, got %s", fn, k, luaL_typename(L, idx));
   }
   if (!b->t) rm_lua_errorf(L, "%s: input %d: the tensor was freed", fn, k);
   return b->t;
