@@ -1,0 +1,260 @@
+-- Spec cases for matmul and linear (see spec/ops_spec.lua for the contract). The
+-- oracle is a naive triple loop over flat row-major values with numpy's broadcasting
+-- and 1-D promotion rules.
+local remat = require "remat"
+local kit = require "support.kit"
+local C = remat._C
+
+local nan, inf = 0 / 0, math.huge
+
+-- Naive matmul of flat values; returns values and the result shape.
+local function mm_ref(av, ash, bv, bsh)
+  local a1, b1 = #ash == 1, #bsh == 1
+  local as = a1 and { 1, ash[1] } or ash
+  local bs = b1 and { bsh[1], 1 } or bsh
+  local M, K, N = as[#as - 1], as[#as], bs[#bs]
+  local ba, bb = {}, {}
+  for i = 1, #as - 2 do ba[i] = as[i] end
+  for i = 1, #bs - 2 do bb[i] = bs[i] end
+  local nb = math.max(#ba, #bb)
+  local bo = {}
+  for i = 1, nb do
+    local x = ba[i - (nb - #ba)] or 1
+    local y = bb[i - (nb - #bb)] or 1
+    bo[i] = x == 1 and y or x
+  end
+  -- flat batch index of an operand from the output batch multi-index
+  local function bidx(bshape, multi)
+    local off, idx = nb - #bshape, 0
+    for i = 1, #bshape do
+      local c = bshape[i] == 1 and 0 or multi[i + off]
+      idx = idx * bshape[i] + c
+    end
+    return idx
+  end
+  local out, nbatch = {}, kit.numel(bo)
+  for q = 0, nbatch - 1 do
+    local multi, r = {}, q
+    for i = nb, 1, -1 do multi[i] = r % bo[i]; r = r // bo[i] end
+    local oa, ob = bidx(ba, multi) * M * K, bidx(bb, multi) * K * N
+    for i = 0, M - 1 do
+      for j = 0, N - 1 do
+        local s = 0
+        for k = 0, K - 1 do s = s + av[oa + i * K + k + 1] * bv[ob + k * N + j + 1] end
+        out[#out + 1] = s
+      end
+    end
+  end
+  local shape = {}
+  for i = 1, nb do shape[i] = bo[i] end
+  if not a1 then shape[#shape + 1] = M end
+  if not b1 then shape[#shape + 1] = N end
+  return out, shape
+end
+
+-- y = x w^T + b over the last dim of x.
+local function linear_ref(xv, xsh, wv, wsh, bv)
+  local fout, fin = wsh[1], wsh[2]
+  local R = fin > 0 and #xv // fin or 1
+  if fin == 0 then R = 1; for i = 1, #xsh - 1 do R = R * xsh[i] end end
+  local out = {}
+  for r = 0, R - 1 do
+    for o = 0, fout - 1 do
+      local s = bv and bv[o + 1] or 0
+      for i = 0, fin - 1 do s = s + xv[r * fin + i + 1] * wv[o * fin + i + 1] end
+      out[#out + 1] = s
+    end
+  end
+  local shape = {}
+  for i = 1, #xsh - 1 do shape[i] = xsh[i] end
+  shape[#shape + 1] = fout
+  return out, shape
+end
+
+return function(K)
+  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local tol = K.dtype == "float32" and 1e-4 or 1e-10
+  local function rand(shape)
+    local t = K.rand(shape)
+    return t, C.flat(t)
+  end
+  local function noncontig(shape)
+    local t = K.noncontig(shape)
+    return t, C.flat(t)
+  end
+  local function raises(pattern, f, ...)
+    local ok, err = pcall(f, ...)
+    assert(not ok, "expected an error matching '" .. pattern .. "'")
+    assert(tostring(err):find(pattern, 1, true), err)
+  end
+  -- matmul of (ta, va, sa) and (tb, vb, sb) against the oracle.
+  local function check_mm(ta, va, sa, tb, vb, sb, what)
+    local e, shape = mm_ref(va, sa, vb, sb)
+    K.check(op("matmul", nil, ta, tb), e, shape, tol, what)
+  end
+  local function mm_shapes(sa, sb)
+    local ta, va = rand(sa)
+    local tb, vb = rand(sb)
+    check_mm(ta, va, sa, tb, vb, sb, table.concat(sa, "x") .. " @ " .. table.concat(sb, "x"))
+  end
+  local function check_lin(x, xv, xs, w, wv, ws, b, bv)
+    local e, shape = linear_ref(xv, xs, wv, ws, bv)
+    local y = b and op("linear", nil, x, w, b) or op("linear", nil, x, w)
+    K.check(y, e, shape, tol)
+  end
+  local gc = kit.gradcheck
+
+  return {
+    matmul = {
+      forward = {
+        ["2-D with odd sizes and size-1 dims"] = function()
+          mm_shapes({ 3, 5 }, { 5, 7 })
+          mm_shapes({ 1, 4 }, { 4, 1 })
+          mm_shapes({ 4, 1 }, { 1, 3 })
+          mm_shapes({ 1, 1 }, { 1, 1 })
+        end,
+        ["1-D operands: dot, vector-matrix, matrix-vector, batched"] = function()
+          mm_shapes({ 5 }, { 5 })
+          mm_shapes({ 3 }, { 3, 4 })
+          mm_shapes({ 4, 3 }, { 3 })
+          mm_shapes({ 3 }, { 2, 3, 4 })
+          mm_shapes({ 2, 4, 3 }, { 3 })
+        end,
+        ["batched, and broadcast batch dims"] = function()
+          mm_shapes({ 2, 3, 4 }, { 2, 4, 5 })
+          mm_shapes({ 2, 1, 3, 4 }, { 5, 4, 2 })
+          mm_shapes({ 1, 3, 2 }, { 4, 2, 3 })
+        end,
+        ["batched against a shared 2-D operand (one folded GEMM) and the reverse"] = function()
+          mm_shapes({ 3, 5, 4 }, { 4, 6 })
+          mm_shapes({ 5, 4 }, { 3, 4, 6 })
+          mm_shapes({ 2, 3, 1, 4 }, { 4, 2 })
+        end,
+        ["transposed (non-contiguous) operands go to BLAS as they are"] = function()
+          local ta, va = noncontig({ 3, 5 })
+          local tb, vb = noncontig({ 5, 4 })
+          check_mm(ta, va, { 3, 5 }, tb, vb, { 5, 4 }, "both transposed")
+          local tc, vc = rand({ 5, 4 })
+          check_mm(ta, va, { 3, 5 }, tc, vc, { 5, 4 }, "left transposed")
+          local td, vd = noncontig({ 2, 4, 3 })
+          local te, ve = noncontig({ 2, 3, 5 })
+          check_mm(td, vd, { 2, 4, 3 }, te, ve, { 2, 3, 5 }, "batched transposed")
+          local tv, vv = noncontig({ 5 })
+          check_mm(tv, vv, { 5 }, tb, vb, { 5, 4 }, "strided vector")
+        end,
+        ["operands BLAS cannot read are copied (strided columns, expanded)"] = function()
+          local base = K.rand({ 3, 4, 2 })
+          local t = op("select", { i = { 2, 1 } }, base)   -- 3x4 with strides (8, 2)
+          local tb, vb = rand({ 4, 3 })
+          check_mm(t, C.flat(t), { 3, 4 }, tb, vb, { 4, 3 }, "strided columns")
+          local row = K.rand({ 1, 4 })
+          local ex = op("expand", { shape = { 3, 4 } }, row)  -- stride 0 rows
+          check_mm(ex, C.flat(ex), { 3, 4 }, tb, vb, { 4, 3 }, "expanded rows")
+        end,
+        ["empty dims: M = 0 gives empty, K = 0 gives zeros"] = function()
+          check_mm(K.tensor({}, { 0, 3 }), {}, { 0, 3 }, (rand({ 3, 4 })), C.flat((rand({ 3, 4 }))), { 3, 4 }, "M = 0")
+          local z = K.tensor({}, { 3, 0 })
+          local w = K.tensor({}, { 0, 4 })
+          K.check(op("matmul", nil, z, w), { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }, { 3, 4 })
+          K.check(op("matmul", nil, K.tensor({}, { 2, 0, 3 }), (rand({ 3, 2 }))), {}, { 2, 0, 2 })
+        end,
+        ["NaN and inf propagate"] = function()
+          local a = { 1, nan, 2, 3, inf, 1 }
+          local b = { 1, 0, 2, 1, 0, 1 }
+          check_mm(K.tensor(a, { 2, 3 }), a, { 2, 3 }, K.tensor(b, { 3, 2 }), b, { 3, 2 }, "nan/inf")
+        end,
+        ["large (parallel BLAS)"] = function()
+          mm_shapes({ 64, 96 }, { 96, 80 })
+        end,
+        ["errors name both shapes"] = function()
+          raises("matmul: shapes 2x3 and 4x5 do not match (3 vs 4)", op, "matmul", nil, (rand({ 2, 3 })), (rand({ 4, 5 })))
+          raises("cannot be broadcast", op, "matmul", nil, (rand({ 2, 3, 4 })), (rand({ 3, 4, 2 })))
+          raises("at least 1 dimension", op, "matmul", nil, (rand({})), (rand({ 2 })))
+          raises("float", op, "matmul", nil, C.from_table({ 1 }, { 1, 1 }, "float32"), C.from_table({ 1 }, { 1, 1 }, "float64"))
+        end,
+      },
+      grad = {
+        ["2-D"] = function() gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 3, 4 } }, { shape = { 4, 2 } } }) end,
+        ["broadcast batch dims"] = function()
+          gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 2, 1, 2, 3 } }, { shape = { 3, 3, 2 } } })
+        end,
+        ["batched against a 2-D weight"] = function()
+          gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 2, 3, 4 } }, { shape = { 4, 2 } } })
+        end,
+        ["1-D operands"] = function()
+          gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 3 } }, { shape = { 3 } } })
+          gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 3 } }, { shape = { 2, 3, 4 } } })
+          gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 4, 3 } }, { shape = { 3 } } })
+        end,
+        ["transposed operand, one side without grad"] = function()
+          gc(function(a, b) return op("matmul", nil, op("transpose", { i = { 0, 1 } }, a), b) end,
+            { { shape = { 4, 3 } }, { shape = { 4, 2 }, grad = false } })
+        end,
+      },
+    },
+    linear = {
+      forward = {
+        ["2-D input with and without bias"] = function()
+          local x, xv = rand({ 4, 3 })
+          local w, wv = rand({ 5, 3 })
+          local b, bv = rand({ 5 })
+          check_lin(x, xv, { 4, 3 }, w, wv, { 5, 3 }, b, bv)
+          check_lin(x, xv, { 4, 3 }, w, wv, { 5, 3 })
+        end,
+        ["3-D and 1-D inputs, size-1 dims"] = function()
+          local x, xv = rand({ 2, 3, 7 })
+          local w, wv = rand({ 5, 7 })
+          local b, bv = rand({ 5 })
+          check_lin(x, xv, { 2, 3, 7 }, w, wv, { 5, 7 }, b, bv)
+          local v, vv = rand({ 7 })
+          check_lin(v, vv, { 7 }, w, wv, { 5, 7 }, b, bv)
+          local o, ov = rand({ 1, 1 })
+          local w1, w1v = rand({ 1, 1 })
+          check_lin(o, ov, { 1, 1 }, w1, w1v, { 1, 1 })
+        end,
+        ["non-contiguous input, weight and bias"] = function()
+          local x, xv = noncontig({ 4, 6 })
+          local w, wv = noncontig({ 3, 6 })
+          local b, bv = noncontig({ 3 })
+          check_lin(x, xv, { 4, 6 }, w, wv, { 3, 6 }, b, bv)
+          local x3, x3v = noncontig({ 2, 4, 6 })
+          check_lin(x3, x3v, { 2, 4, 6 }, w, wv, { 3, 6 }, b, bv)
+        end,
+        ["empty rows, no input features (bias only)"] = function()
+          local w, wv = rand({ 3, 2 })
+          local b, bv = rand({ 3 })
+          check_lin(K.tensor({}, { 0, 2 }), {}, { 0, 2 }, w, wv, { 3, 2 }, b, bv)
+          K.check(op("linear", nil, K.tensor({}, { 2, 0 }), K.tensor({}, { 3, 0 }), b), { bv[1], bv[2], bv[3], bv[1], bv[2], bv[3] }, { 2, 3 })
+        end,
+        ["NaN propagates to its row"] = function()
+          local xv = { 1, nan, 2, 3 }
+          local w, wv = rand({ 2, 2 })
+          check_lin(K.tensor(xv, { 2, 2 }), xv, { 2, 2 }, w, wv, { 2, 2 })
+        end,
+        ["large (one GEMM over the flattened rows)"] = function()
+          local x, xv = rand({ 3, 40, 50 })
+          local w, wv = rand({ 30, 50 })
+          local b, bv = rand({ 30 })
+          check_lin(x, xv, { 3, 40, 50 }, w, wv, { 30, 50 }, b, bv)
+        end,
+        ["errors: feature mismatch, weight rank, bias shape"] = function()
+          raises("linear: input has 784 features but the weight expects 512", op, "linear", nil, (rand({ 2, 784 })), (rand({ 10, 512 })))
+          raises("weight must be 2-D", op, "linear", nil, (rand({ 2, 3 })), (rand({ 3 })))
+          raises("bias has shape 4", op, "linear", nil, (rand({ 2, 3 })), (rand({ 5, 3 })), (rand({ 4 })))
+        end,
+      },
+      grad = {
+        ["with bias"] = function()
+          gc(function(x, w, b) return op("linear", nil, x, w, b) end, { { shape = { 4, 3 } }, { shape = { 2, 3 } }, { shape = { 2 } } })
+        end,
+        ["without bias"] = function()
+          gc(function(x, w) return op("linear", nil, x, w) end, { { shape = { 3, 5 } }, { shape = { 4, 5 } } })
+        end,
+        ["3-D and 1-D inputs"] = function()
+          gc(function(x, w, b) return op("linear", nil, x, w, b) end, { { shape = { 2, 3, 4 } }, { shape = { 3, 4 } }, { shape = { 3 } } })
+          gc(function(x, w, b) return op("linear", nil, x, w, b) end, { { shape = { 4 } }, { shape = { 3, 4 } }, { shape = { 3 } } })
+        end,
+      },
+    },
+  }
+end
