@@ -131,7 +131,9 @@ rm_module *rm_nn_linear(rm_ctx *ctx, int64_t in, int64_t out, bool bias);
 rm_module *rm_nn_embedding(rm_ctx *ctx, int64_t n, int64_t d);
 /* Over the last dim; weight 1, bias 0 when affine. */
 rm_module *rm_nn_layernorm(rm_ctx *ctx, int64_t d, double eps, bool affine);
-/* Over the last dim; weight 1. */
+/* Over the last dim; weight 1. The Lua default eps is 1e-6 (the value LLaMA-style models
+ * use; PyTorch's own default is the dtype's machine epsilon, which differs per dtype and
+ * would make float32 and float64 models disagree). */
 rm_module *rm_nn_rmsnorm(rm_ctx *ctx, int64_t d, double eps);
 rm_module *rm_nn_gelu(rm_ctx *ctx);
 rm_module *rm_nn_relu(rm_ctx *ctx);
