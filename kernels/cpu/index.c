@@ -167,7 +167,7 @@ RM_CPU_KERNEL(scatter_add) {
 }
 
 /* Output elements are split in (outer, chunk of inner) tiles, one thread per tile. */
-#define INDEX_ADD_CHUNK 512
+#define INDEX_ADD_CHUNK 64
 #define INDEX_ADD_LOOP(T)                                                                    \
   do {                                                                                       \
     const T *ps = rm_tensor_ptr(src);                                                        \
