@@ -59,8 +59,21 @@ $(BUILD)/remat.so: $(LIB_OBJ)
 $(BUILD)/remat: lua/main.c lua/repl.c $(LIB_OBJ)
 	$(CC) $(CFLAGS) -o $@ lua/main.c lua/repl.c $(LIB_OBJ) $(LDLIBS) -lreadline -Wl,-E
 
-$(BUILD)/libremat_cuda.so: $(CUDA_SRC) $(wildcard kernels/cuda/*.cuh core/*.h core/*.def)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC -shared -Icore -o $@ $(CUDA_SRC) -lcublas -lcudart
+# The CUDA backend: one object per family (parallel with make -j), cudart linked
+# statically so the library loads without a driver (init then reports why CUDA is not
+# available); only what backend.cu exports is visible (the library is dlopen'ed
+# RTLD_LOCAL and must not depend on core symbols: nm -uD shows no rm_*).
+CUDA_OBJ := $(patsubst kernels/cuda/%.cu,$(BUILD)/obj/cuda/%.o,$(CUDA_SRC))
+CUDA_FLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall \
+              -Icore
+CUDA_LIBS := -cudart static -lcublas $(if $(CUDA_HOME),-Xlinker -rpath=$(CUDA_HOME)/lib64)
+
+$(BUILD)/obj/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.cuh core/*.h core/*.def)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CUDA_FLAGS) -c $< -o $@
+
+$(BUILD)/libremat_cuda.so: $(CUDA_OBJ)
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ $^ $(CUDA_LIBS)
 
 deps:
 	@if [ "$$(id -u)" = 0 ]; then \

@@ -1,0 +1,270 @@
+/* The CUDA backend table: per-context state (device, stream, cuBLAS handle), the
+ * caching allocator, host <-> device copies, synchronisation and error mapping.
+ *
+ * Caching allocator: requests are rounded up to a size class (512 B steps up to
+ * 1 MiB, then 8 classes per power of two, so at most 12.5% is lost to rounding);
+ * a freed block goes to a free list for its class and the next request of that class
+ * takes it. All work runs on the context's one stream, so a block freed after a
+ * kernel was queued can be handed to the next kernel on that stream without waiting:
+ * the stream orders them. When cudaMalloc fails the cache is emptied and the call
+ * retried once; after that the accounted allocator (core/alloc.c) reports the
+ * out-of-memory error (and runs its collect-then-retry). */
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+#define X(ID, name, family) RM_CUDA_KERNEL(name) __attribute__((weak));
+#include "../../core/ops.def"
+#undef X
+
+/* ---- size classes and the cache ---- */
+
+static size_t size_class(size_t n) {
+  const size_t MiB = (size_t)1 << 20;
+  if (n <= MiB) return n ? (n + 511) & ~(size_t)511 : 512;
+  int top = 63 - __builtin_clzll((unsigned long long)n);
+  size_t step = (size_t)1 << (top - 3);
+  return (n + step - 1) & ~(step - 1);
+}
+
+static unsigned bucket_of(size_t cls) {
+  uint64_t h = (uint64_t)cls * 0x9E3779B97F4A7C15ull;
+  return (unsigned)(h >> 54) % CU_BUCKETS;
+}
+
+static void *host_alloc(rm_ctx *ctx, size_t n) { return ctx->host.alloc(ctx->host.ud, n); }
+static void host_free(rm_ctx *ctx, void *p, size_t n) { if (p) ctx->host.free(ctx->host.ud, p, n); }
+
+/* Frees every cached block (cudaFree synchronises the device). Returns bytes freed. */
+static size_t cache_release(cu_state *st) {
+  size_t freed = 0;
+  for (int b = 0; b < CU_BUCKETS; b++) {
+    cu_block *k = st->bucket[b];
+    while (k) {
+      cu_block *next = k->next;
+      cudaFree(k->p);
+      freed += k->size;
+      k->next = st->spare;
+      st->spare = k;
+      k = next;
+    }
+    st->bucket[b] = NULL;
+  }
+  st->reserved -= freed;
+  st->cached -= freed;
+  return freed;
+}
+
+static void *cache_take(cu_state *st, size_t cls) {
+  cu_block **at = &st->bucket[bucket_of(cls)];
+  for (cu_block *k = *at; k; at = &k->next, k = k->next) {
+    if (k->size == cls) {
+      *at = k->next;
+      k->next = st->spare;
+      st->spare = k;
+      st->cached -= cls;
+      return k->p;
+    }
+  }
+  return NULL;
+}
+
+/* Raw allocation from the cache or the device; NULL when the device is out of memory. */
+static void *cu_alloc(rm_ctx *ctx, cu_state *st, size_t bytes, cudaError_t *why) {
+  size_t cls = size_class(bytes);
+  void *p = cache_take(st, cls);
+  *why = cudaSuccess;
+  if (p) return p;
+  cudaError_t e = cudaMalloc(&p, cls);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    cache_release(st);
+    e = cudaMalloc(&p, cls);
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    *why = e;
+    return NULL;
+  }
+  st->reserved += cls;
+  (void)ctx;
+  return p;
+}
+
+static void cu_release(rm_ctx *ctx, cu_state *st, void *p, size_t bytes) {
+  if (!p) return;
+  size_t cls = size_class(bytes);
+  cu_block *k = st->spare;
+  if (k) st->spare = k->next;
+  else k = (cu_block *)host_alloc(ctx, sizeof *k);
+  if (!k) { /* no host memory for the list node: give the block back instead */
+    cudaFree(p);
+    st->reserved -= cls;
+    return;
+  }
+  k->size = cls;
+  k->p = p;
+  unsigned b = bucket_of(cls);
+  k->next = st->bucket[b];
+  st->bucket[b] = k;
+  st->cached += cls;
+}
+
+/* ---- backend entry points ---- */
+
+static int cuda_init(rm_ctx *ctx, void **state) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cu_fail(ctx, RM_ERR_DEVICE, "CUDA is not available: %s%s", cudaGetErrorString(e),
+                   e == cudaErrorInsufficientDriver
+                       ? " (no NVIDIA driver was found, or it is older than the CUDA runtime)"
+                       : "");
+  }
+  if (n < 1) return cu_fail(ctx, RM_ERR_DEVICE, "CUDA is not available: no CUDA device found");
+  cu_state *st = (cu_state *)host_alloc(ctx, sizeof *st);
+  if (!st) return cu_fail(ctx, RM_ERR_OOM, "CUDA: out of host memory for the backend state");
+  memset(st, 0, sizeof *st);
+  int rc = CU_CHECK(ctx, cudaGetDevice(&st->device));
+  cudaDeviceProp prop;
+  if (!rc) rc = CU_CHECK(ctx, cudaGetDeviceProperties(&prop, st->device));
+  if (!rc) {
+    snprintf(st->name, sizeof st->name, "%s", prop.name);
+    st->total_mem = prop.totalGlobalMem;
+    rc = CU_CHECK(ctx, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+  }
+  if (!rc) rc = CUBLAS_CHECK(ctx, cublasCreate(&st->blas));
+  if (!rc) rc = CUBLAS_CHECK(ctx, cublasSetStream(st->blas, st->stream));
+  if (rc) {
+    /* keep the reason, but say it the way callers expect */
+    char why[sizeof ctx->err];
+    snprintf(why, sizeof why, "%s", ctx->err);
+    if (st->blas) cublasDestroy(st->blas);
+    if (st->stream) cudaStreamDestroy(st->stream);
+    host_free(ctx, st, sizeof *st);
+    return cu_fail(ctx, RM_ERR_DEVICE, "CUDA is not available: %s", why);
+  }
+  *state = st;
+  return RM_OK;
+}
+
+static void cuda_shutdown(rm_ctx *ctx, void *state) {
+  cu_state *st = (cu_state *)state;
+  if (!st) return;
+  cudaStreamSynchronize(st->stream);
+  cache_release(st);
+  for (cu_block *k = st->spare; k;) {
+    cu_block *next = k->next;
+    host_free(ctx, k, sizeof *k);
+    k = next;
+  }
+  cublasDestroy(st->blas);
+  cudaStreamDestroy(st->stream);
+  host_free(ctx, st, sizeof *st);
+}
+
+static void *cuda_malloc(rm_ctx *ctx, size_t bytes) {
+  cudaError_t why;
+  return cu_alloc(ctx, cu_st(ctx), bytes, &why);
+}
+
+static void cuda_free(rm_ctx *ctx, void *p, size_t bytes) { cu_release(ctx, cu_st(ctx), p, bytes); }
+
+static int cuda_to_host(rm_ctx *ctx, void *dst, const void *src, size_t n) {
+  if (!n) return RM_OK;
+  cu_state *st = cu_st(ctx);
+  int rc = CU_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st->stream));
+  return rc ? rc : CU_CHECK(ctx, cudaStreamSynchronize(st->stream));
+}
+
+static int cuda_from_host(rm_ctx *ctx, void *dst, const void *src, size_t n) {
+  if (!n) return RM_OK;
+  cu_state *st = cu_st(ctx);
+  int rc = CU_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st->stream));
+  /* synchronous: the caller may free or reuse src as soon as we return */
+  return rc ? rc : CU_CHECK(ctx, cudaStreamSynchronize(st->stream));
+}
+
+static int cuda_sync(rm_ctx *ctx) { return CU_CHECK(ctx, cudaStreamSynchronize(cu_st(ctx)->stream)); }
+
+/* ---- scratch for the kernels ---- */
+
+void *cu_scratch(rm_ctx *ctx, size_t bytes) {
+  cudaError_t why;
+  void *p = cu_alloc(ctx, cu_st(ctx), bytes, &why);
+  if (!p)
+    cu_fail(ctx, RM_ERR_OOM, "out of memory on cuda: %zu bytes of kernel workspace (%s)", bytes,
+            cudaGetErrorString(why));
+  return p;
+}
+
+void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes) { cu_release(ctx, cu_st(ctx), p, bytes); }
+
+/* ---- the table ---- */
+
+/* Built once, on first use, by a function-local static: C++ has no array designated
+ * initialisers, so the table cannot be a constant initialiser as on the CPU. It is not
+ * mutable state: after its (thread-safe, C++11) construction it is never written, and
+ * every context shares the same constant table; per-context state lives in cu_state. */
+static rm_backend make_table(void) {
+  rm_backend b;
+  memset(&b, 0, sizeof b);
+  b.name = "cuda";
+  b.device = RM_CUDA;
+  b.init = cuda_init;
+  b.shutdown = cuda_shutdown;
+  b.malloc = cuda_malloc;
+  b.free = cuda_free;
+  b.to_host = cuda_to_host;
+  b.from_host = cuda_from_host;
+  b.synchronize = cuda_sync;
+  b.supports_dtype[RM_F32] = true;
+  b.supports_dtype[RM_F64] = true;
+  b.supports_dtype[RM_BF16] = true;
+#define X(ID, name, family) b.kernel[RM_OP_##ID] = cuk_##name;
+#include "../../core/ops.def"
+#undef X
+  return b;
+}
+
+#define RM_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
+
+/* Returns the CUDA backend table (found by core/device.c with dlsym). Never fails:
+ * whether a device is usable is decided by the table's init. */
+RM_CUDA_EXPORT const rm_backend *rm_cuda_backend_get(void) {
+  static const rm_backend table = make_table();
+  return &table;
+}
+
+/* Extra entry points for core, found with dlsym on ctx->cuda_lib (the table in
+ * core/backend.h has no slot for them): reserved bytes, emptying the cache, device
+ * info. They take the context, so two contexts never see each other's cache. */
+
+/* Bytes held from the device (live + cached); 0 when the backend is not initialised. */
+RM_CUDA_EXPORT size_t rm_cuda_reserved(rm_ctx *ctx) {
+  cu_state *st = cu_st(ctx);
+  return st ? st->reserved : 0;
+}
+
+/* Gives every cached (free) block back to the device; returns the bytes released. */
+RM_CUDA_EXPORT size_t rm_cuda_empty_cache(rm_ctx *ctx) {
+  cu_state *st = cu_st(ctx);
+  if (!st) return 0;
+  cudaStreamSynchronize(st->stream);
+  return cache_release(st);
+}
+
+/* Device name, total and free memory (bytes). Returns RM_OK or an error. */
+RM_CUDA_EXPORT int rm_cuda_device_info(rm_ctx *ctx, char *name, size_t n, size_t *total,
+                                       size_t *free_bytes) {
+  cu_state *st = cu_st(ctx);
+  if (!st) return cu_fail(ctx, RM_ERR_DEVICE, "CUDA is not initialised");
+  if (name && n) snprintf(name, n, "%s", st->name);
+  size_t fr = 0, tot = 0;
+  int rc = CU_CHECK(ctx, cudaMemGetInfo(&fr, &tot));
+  if (rc) return rc;
+  if (total) *total = tot;
+  if (free_bytes) *free_bytes = fr;
+  return RM_OK;
+}

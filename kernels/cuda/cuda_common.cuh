@@ -1,0 +1,290 @@
+/* Shared helpers for the CUDA backend (the .cu files of kernels/cuda).
+ *
+ * libremat_cuda.so is dlopen'ed RTLD_LOCAL by remat.so, itself loaded RTLD_LOCAL by
+ * Lua, so it must not reference any core symbol: everything it needs from core/ is
+ * here as header-only code (numel, contiguity, data pointers, dtype sizes, setting
+ * the context error). `nm -uD libremat_cuda.so | grep ' rm_'` must stay empty.
+ *
+ * Dtypes: float32, float64 (so the float64 specs run too) and bfloat16 (storage only:
+ * arithmetic in float32). Everything runs on one stream per context (the state's
+ * `stream`), which makes the caching allocator stream-ordered for free. */
+#ifndef REMAT_CUDA_COMMON_CUH
+#define REMAT_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../../core/backend.h"
+#include "../../core/ops.h"
+}
+#include "../../core/philox.h"
+
+/* Kernel signature (see core/backend.h); one per op, named cuk_<op>. */
+#define RM_CUDA_KERNEL(name)                                                      \
+  int cuk_##name(rm_ctx *ctx, int nin, rm_tensor *const *in, int nout,            \
+                 rm_tensor *const *out, const rm_attrs *a)
+
+#define CU_THREADS 256
+#define CU_MAX_BLOCKS 8192
+
+/* ---- per-context state (backend.cu) ---- */
+
+typedef struct cu_block {
+  size_t size;
+  void *p;
+  struct cu_block *next;
+} cu_block;
+
+#define CU_BUCKETS 1024
+
+typedef struct cu_state {
+  int device;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  cu_block *bucket[CU_BUCKETS];  /* cached free blocks, chained by size-class hash */
+  cu_block *spare;               /* recycled list nodes */
+  size_t reserved;               /* bytes obtained from cudaMalloc and not yet freed */
+  size_t cached;                 /* of which: sitting in the cache */
+  char name[256];
+  size_t total_mem;
+} cu_state;
+
+static inline cu_state *cu_st(rm_ctx *ctx) { return (cu_state *)ctx->backend_state[RM_CUDA]; }
+
+/* ---- errors (written straight into the context: no core symbol) ---- */
+
+static inline int cu_fail(rm_ctx *ctx, rm_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline int cu_fail(rm_ctx *ctx, rm_status code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+  va_end(ap);
+  ctx->err_code = code;
+  return code;
+}
+
+/* Turns a CUDA status into a remat error naming the call; RM_OK on success. */
+static inline int cu_check(rm_ctx *ctx, cudaError_t e, const char *call) {
+  if (e == cudaSuccess) return RM_OK;
+  (void)cudaGetLastError(); /* clear a sticky-free error so the next call is clean */
+  return cu_fail(ctx, RM_ERR_RUNTIME, "CUDA error in %s: %s (%s, code %d)", call,
+                 cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
+}
+
+static inline int cublas_check(rm_ctx *ctx, cublasStatus_t s, const char *call) {
+  if (s == CUBLAS_STATUS_SUCCESS) return RM_OK;
+  return cu_fail(ctx, RM_ERR_RUNTIME, "cuBLAS error in %s: %s (%s, code %d)", call,
+                 cublasGetStatusString(s), cublasGetStatusName(s), (int)s);
+}
+
+#define CU_CHECK(ctx, call) cu_check((ctx), (call), #call)
+#define CUBLAS_CHECK(ctx, call) cublas_check((ctx), (call), #call)
+/* After a launch: reports a bad configuration (async faults surface at the next sync). */
+#define CU_LAUNCHED(ctx, what) cu_check((ctx), cudaGetLastError(), what)
+
+/* ---- tensors (header-only copies of the core helpers) ---- */
+
+static inline size_t cu_dsize(rm_dtype d) {
+  return d == RM_F64 ? 8 : (d == RM_BF16 || d == RM_F16) ? 2 : 4;
+}
+
+static inline const char *cu_dname(rm_dtype d) {
+  switch (d) {
+  case RM_F32: return "float32";
+  case RM_F64: return "float64";
+  case RM_BF16: return "bfloat16";
+  case RM_F16: return "float16";
+  default: return "?";
+  }
+}
+
+static inline int64_t cu_numel(const rm_tensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return n;
+}
+
+static inline bool cu_contig(const rm_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != s) return false;
+    s *= t->shape[i];
+  }
+  return true;
+}
+
+static inline void *cu_ptr(const rm_tensor *t) {
+  if (!t->storage || !t->storage->data) return NULL;
+  return (char *)t->storage->data + (size_t)t->offset * cu_dsize(t->dtype);
+}
+
+static inline unsigned cu_blocks(int64_t n, int threads = CU_THREADS) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return (unsigned)(b > CU_MAX_BLOCKS ? CU_MAX_BLOCKS : b);
+}
+
+/* Error for a dtype an op does not handle on this backend. */
+static inline int cu_bad_dtype(rm_ctx *ctx, const char *op, rm_dtype d) {
+  return cu_fail(ctx, RM_ERR_DTYPE, "%s: cuda does not support %s for this op", op, cu_dname(d));
+}
+
+/* Strided geometry passed to kernels by value. */
+typedef struct cu_geo {
+  int ndim;
+  int64_t shape[RM_MAX_DIM];
+  int64_t stride[RM_MAX_DIM];
+} cu_geo;
+
+static inline cu_geo cu_geo_of(const rm_tensor *t) {
+  cu_geo g;
+  g.ndim = t->ndim;
+  for (int i = 0; i < t->ndim; i++) g.shape[i] = t->shape[i], g.stride[i] = t->stride[i];
+  return g;
+}
+
+/* Element offset of the row-major linear index i. */
+__device__ __forceinline__ int64_t cu_offset(const cu_geo &g, int64_t i) {
+  int64_t off = 0;
+  for (int d = g.ndim - 1; d >= 0; d--) {
+    int64_t s = g.shape[d];
+    off += (i % s) * g.stride[d];
+    i /= s;
+  }
+  return off;
+}
+
+/* ---- numeric types: T in storage, acc_t<T> for arithmetic ---- */
+
+template <class T> struct cu_acc { typedef float type; };
+template <> struct cu_acc<double> { typedef double type; };
+
+__device__ __forceinline__ float cu_ld(const float *p) { return *p; }
+__device__ __forceinline__ double cu_ld(const double *p) { return *p; }
+__device__ __forceinline__ float cu_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void cu_sv(float *p, float v) { *p = v; }
+__device__ __forceinline__ void cu_sv(double *p, double v) { *p = v; }
+__device__ __forceinline__ void cu_sv(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+
+/* Calls F.template operator()<T>() for the tensor dtype (float32, float64, bfloat16). */
+#define CU_DISPATCH(ctx, opname, dt, ...)                                          \
+  do {                                                                             \
+    switch (dt) {                                                                  \
+    case RM_F32: { typedef float T; __VA_ARGS__; } break;                          \
+    case RM_F64: { typedef double T; __VA_ARGS__; } break;                         \
+    case RM_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break;                 \
+    default: return cu_bad_dtype((ctx), (opname), (dt));                           \
+    }                                                                              \
+  } while (0)
+
+/* Same, without bfloat16 (ops whose bf16 variant is not provided). */
+#define CU_DISPATCH_F(ctx, opname, dt, ...)                                        \
+  do {                                                                             \
+    switch (dt) {                                                                  \
+    case RM_F32: { typedef float T; __VA_ARGS__; } break;                          \
+    case RM_F64: { typedef double T; __VA_ARGS__; } break;                         \
+    default: return cu_bad_dtype((ctx), (opname), (dt));                           \
+    }                                                                              \
+  } while (0)
+
+
+/* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
+
+template <class A> __device__ __forceinline__ A cu_warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <class A> __device__ __forceinline__ A cu_warp_max(A v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    A w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+/* Sum of v over the block, returned to every thread. `sh` holds 32 A's; the result is
+ * the same for a given blockDim (fixed tree), so runs are reproducible. */
+template <class A> __device__ __forceinline__ A cu_block_sum(A v, A *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = cu_warp_sum(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : (A)0;
+  return cu_warp_sum(v);
+}
+
+/* Max over the block (NaN-blind, like the CPU's `>` scan), returned to every thread. */
+template <class A> __device__ __forceinline__ A cu_block_max(A v, A *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = cu_warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : (A)-INFINITY;
+  return cu_warp_max(v);
+}
+
+/* Threads for a block that walks rows of n elements: a power of two in [32, 1024]. */
+static inline int cu_row_threads(int64_t n, int cap = 256) {
+  int t = 32;
+  while (t < cap && t < n) t <<= 1;
+  return t;
+}
+
+/* ---- scratch memory and helpers shared by the families (backend.cu, elementwise.cu) ---- */
+
+/* Device memory from the context's cache (not accounted: transient workspace freed
+ * before the kernel returns; stream ordering makes the reuse safe). NULL + error. */
+void *cu_scratch(rm_ctx *ctx, size_t bytes);
+void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes);
+
+/* A contiguous copy of t's data (*scratch set when a copy was made: give it back with
+ * cu_scratch_free(ctx, *scratch, cu_numel(t) * cu_dsize(t->dtype))). NULL + error. */
+const void *cu_contig_data(rm_ctx *ctx, const rm_tensor *t, void **scratch);
+
+/* Strided copy (with dtype conversion) of src into contiguous dst of the same shape. */
+int cu_copy_strided(rm_ctx *ctx, const rm_tensor *src, void *dst, rm_dtype dst_dtype);
+
+/* First index value of idx (contiguous data p) that is not a whole number in 1..size:
+ * *pos its position (-1: none), *val its value (index.cu; also used for labels). */
+int cu_first_bad_index(rm_ctx *ctx, const char *op, const rm_tensor *idx, const void *p,
+                       int64_t size, int64_t *pos, double *val);
+
+/* Fills n elements of dtype dt at p with v. */
+int cu_fill(rm_ctx *ctx, void *p, rm_dtype dt, int64_t n, double v);
+
+/* Contiguous data of every input (scratch copies for strided ones), given back with
+ * cu_inputs_free. */
+typedef struct cu_inputs {
+  int n;
+  const void *p[16];
+  void *scratch[16];
+  size_t bytes[16];
+} cu_inputs;
+
+static inline int cu_inputs_get(rm_ctx *ctx, int nin, rm_tensor *const *in, cu_inputs *ci) {
+  ci->n = 0;
+  for (int i = 0; i < nin && i < 16; i++) {
+    ci->p[i] = cu_contig_data(ctx, in[i], &ci->scratch[i]);
+    ci->bytes[i] = (size_t)cu_numel(in[i]) * cu_dsize(in[i]->dtype);
+    ci->n = i + 1;
+    if (!ci->p[i] && cu_numel(in[i]) > 0) return ctx->err_code ? ctx->err_code : RM_ERR_RUNTIME;
+  }
+  return RM_OK;
+}
+
+static inline void cu_inputs_free(rm_ctx *ctx, cu_inputs *ci) {
+  for (int i = 0; i < ci->n; i++)
+    if (ci->scratch[i]) cu_scratch_free(ctx, ci->scratch[i], ci->bytes[i]);
+  ci->n = 0;
+}
+
+#endif

@@ -1,0 +1,114 @@
+/* CUDA kernels for the optimizer steps (semantics and attrs: core/op_optim.c), fused
+ * and in place: each thread reads its element of every input before writing the
+ * (possibly aliased) outputs. Scalars are formed in double on the host and applied in
+ * the tensor's arithmetic type, as the CPU kernels (and PyTorch) do.
+ *
+ * rm_op_into runs no infer step, and this library cannot call core's, so the kernels
+ * check the arguments themselves (counts, shapes, dtypes, contiguity) before touching
+ * memory: a bad in-place call is an error, never a stray write. */
+#include <math.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+static bool same_shape(const rm_tensor *a, const rm_tensor *b) {
+  if (a->ndim != b->ndim) return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return false;
+  return true;
+}
+
+static int check_step(rm_ctx *ctx, const char *op, int want_in, int want_out, int nin,
+                      rm_tensor *const *in, int nout, rm_tensor *const *out) {
+  static const char *const names[] = { "param", "grad", "state 1", "state 2" };
+  if (nin != want_in || nout != want_out)
+    return cu_fail(ctx, RM_ERR_ARG, "%s: takes %d inputs and %d outputs (got %d and %d)", op, want_in,
+                   want_out, nin, nout);
+  for (int i = 0; i < nin; i++) {
+    if (in[i]->dtype != in[0]->dtype || in[i]->device != in[0]->device || !same_shape(in[i], in[0]))
+      return cu_fail(ctx, RM_ERR_ARG, "%s: %s must have param's shape, dtype and device", op, names[i]);
+    if (!cu_contig(in[i])) return cu_fail(ctx, RM_ERR_ARG, "%s: input %d must be contiguous", op, i + 1);
+  }
+  for (int j = 0; j < nout; j++)
+    if (!same_shape(out[j], in[0]) || out[j]->dtype != in[0]->dtype || out[j]->device != in[0]->device ||
+        !cu_contig(out[j]))
+      return cu_fail(ctx, RM_ERR_ARG, "%s: output %d must be a contiguous tensor like param", op, j + 1);
+  return RM_OK;
+}
+
+template <class T>
+__global__ void sgd_kernel(const T *pp, const T *pg, const T *pbi, T *po, T *pb, int64_t n, double lr_,
+                           double mom_, double wd_, double keep_, bool nesterov, bool first) {
+  typedef typename cu_acc<T>::type A;
+  const A lr = (A)lr_, mom = (A)mom_, wd = (A)wd_, keep = (A)keep_;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    A p = cu_ld(pp + i), d = cu_ld(pg + i);
+    if (wd != 0) d = d + wd * p;
+    if (mom != 0) {
+      A b = first ? d : cu_ld(pbi + i) * mom + keep * d;
+      d = nesterov ? d + mom * b : b;
+      cu_sv(pb + i, b);
+    } else if (pb != pbi) {
+      pb[i] = pbi[i];
+    }
+    cu_sv(po + i, p - lr * d);
+  }
+}
+
+RM_CUDA_KERNEL(sgd_step) {
+  if (check_step(ctx, "sgd_step", 3, 2, nin, in, nout, out)) return ctx->err_code;
+  int64_t n = cu_numel(in[0]);
+  if (!n) return RM_OK;
+  cudaStream_t st = cu_st(ctx)->stream;
+  CU_DISPATCH(ctx, "sgd_step", in[0]->dtype,
+              sgd_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
+                  (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
+                  (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), n, a->f[0], a->f[1], a->f[2],
+                  1.0 - a->f[3], a->i[0] != 0, a->i[1] != 0));
+  return CU_LAUNCHED(ctx, "sgd_step kernel");
+}
+
+/* PyTorch's lerp: start + w (end - start), from the other end when w >= 0.5. */
+template <class A> __device__ __forceinline__ A lerp_(A s, A e, A w) {
+  return w < (A)0.5 ? s + w * (e - s) : e - (e - s) * ((A)1 - w);
+}
+
+template <class T>
+__global__ void adamw_kernel(const T *pp, const T *pg, const T *pmi, const T *pvi, T *po, T *pm, T *pv,
+                             int64_t n, double w1_, double beta2_, double c2_, double eps_,
+                             double step_size_, double bc2_sqrt_, double decay_, double wd_,
+                             bool decoupled) {
+  typedef typename cu_acc<T>::type A;
+  const A w1 = (A)w1_, beta2 = (A)beta2_, c2 = (A)c2_, eps = (A)eps_, step_size = (A)step_size_;
+  const A bc2_sqrt = (A)bc2_sqrt_, decay = (A)decay_, wd = (A)wd_;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    A p = cu_ld(pp + i), g = cu_ld(pg + i), m = cu_ld(pmi + i), v = cu_ld(pvi + i);
+    if (decoupled) p = p * decay;
+    else if (wd != 0) g = g + wd * p;
+    m = lerp_(m, g, w1);
+    v = v * beta2 + c2 * g * g;
+    A denom = sqrt(v) / bc2_sqrt + eps;
+    cu_sv(pm + i, m);
+    cu_sv(pv + i, v);
+    cu_sv(po + i, p + (-step_size) * (m / denom));
+  }
+}
+
+RM_CUDA_KERNEL(adamw_step) {
+  if (check_step(ctx, "adamw_step", 4, 3, nin, in, nout, out)) return ctx->err_code;
+  int64_t n = cu_numel(in[0]);
+  if (!n) return RM_OK;
+  double lr = a->f[0], b1 = a->f[1], b2 = a->f[2], wd;
+  memcpy(&wd, &a->i[2], sizeof wd);
+  bool decoupled = a->i[1] != 0;
+  double bc1 = 1.0 - pow(b1, (double)a->i[0]), bc2 = 1.0 - pow(b2, (double)a->i[0]);
+  cudaStream_t st = cu_st(ctx)->stream;
+  CU_DISPATCH(ctx, "adamw_step", in[0]->dtype,
+              adamw_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
+                  (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
+                  (const T *)cu_ptr(in[3]), (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), (T *)cu_ptr(out[2]),
+                  n, 1.0 - b1, b2, 1.0 - b2, a->f[3], lr / bc1, sqrt(bc2), 1.0 - lr * wd, wd, decoupled));
+  return CU_LAUNCHED(ctx, "adamw_step kernel");
+}
