@@ -432,6 +432,27 @@ static int l_assign(lua_State *L) {
   return 1;
 }
 
+/* C.copy_into(dst, src): copies src into dst with the backend's copy kernel (no
+ * allocation) when both have the same shape, dtype and device and dst is contiguous;
+ * otherwise through assign (CPU, broadcasting, dtype conversion). Returns dst. */
+static int l_copy_into(lua_State *L) {
+  rm_tensor *dst = rm_lua_check_tensor(L, 1, "copy_");
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (dst->requires_grad && ctx->grad_enabled)
+    return rm_lua_errorf(L, "copy_: cannot write into a tensor that requires grad (use remat.no_grad or detach)");
+  rm_tensor *src = rm_lua_test_tensor(L, 2);
+  if (src && rm_same_shape(src, dst) && src->dtype == dst->dtype && src->device == dst->device &&
+      rm_tensor_is_contiguous(dst) && src->storage != dst->storage) {
+    if (rm_tensor_data_ready(ctx, dst)) return rm_lua_fail(L, "copy_");
+    rm_tensor *in1[1] = { src }, *out1[1] = { dst };
+    if (rm_op_into(ctx, RM_OP_COPY, 1, in1, NULL, 1, out1) != RM_OK) return rm_lua_fail(L, "copy_");
+  } else {
+    assign(L, dst, 2, "copy_");
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
 /* 0-based index along dim 0 from a Lua key (1-based, negative from the end). */
 static int64_t check_index(lua_State *L, rm_tensor *t, int kidx, const char *fn) {
   if (t->ndim == 0) rm_lua_errorf(L, "%s: cannot index a 0-d tensor (use :item())", fn);
@@ -604,6 +625,7 @@ static const luaL_Reg tensor_c[] = {
   { "at", l_at },
   { "arange", l_arange },
   { "assign", l_assign },
+  { "copy_into", l_copy_into },
   { "set_methods", l_set_methods },
   { "to_device", l_to_device },
   { NULL, NULL },

@@ -262,6 +262,7 @@ function Tensor:shape() return (info(self)) end
 function Tensor:size(d)
   local s = info(self)
   if d == nil then return s end
+  if #s == 0 then fail("size: a 0-d tensor has no dimensions") end
   return s[cdim("size", d, #s) + 1]
 end
 function Tensor:dim() return #(info(self)) end
@@ -577,6 +578,8 @@ end
 -- fill_(v): writes v (a number or a broadcastable tensor) into every element; returns self.
 function Tensor:fill_(v) return C.assign(self, v, "fill_") end
 function Tensor:zero_() return C.assign(self, 0, "zero_") end
+-- copy_(src): copies src's values into self (Torch7's x:copy(y)); returns self.
+function Tensor:copy_(src) return C.copy_into(self, src) end
 
 -- ---- devices and dtypes ----
 
