@@ -119,8 +119,18 @@ function Module:plan(x, opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("plan: options must be a table", 2) end
   if not x then error("plan: needs an example input (model:plan(x))", 2) end
-  local p = opts.policy and as_policy(opts.policy, "plan") or (state[self] and state[self].policy) or policy.none()
-  local plan = p.resolve(#self, resolve_ctx(self, x, opts.loss))
+  local p, plan
+  if opts.policy then
+    p = as_policy(opts.policy, "plan")
+    plan = p.resolve(#self, resolve_ctx(self, x, opts.loss))
+  elseif state[self] then
+    -- the plan training will use (resolved now for x when the policy needs sizes)
+    p = state[self].policy
+    plan = prepare(self, x, opts.loss)
+  else
+    p = policy.none()
+    plan = p.resolve(#self)
+  end
   local sim = C.plan_simulate(self, x, plan, opts.loss, true)
   local keep = C.plan_simulate(self, x, false, opts.loss, false)
   local info = C.layer_info(self)

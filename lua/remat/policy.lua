@@ -122,14 +122,16 @@ function policy.budget(b)
       for i = 1, n do
         local k, s = keep.layers[i], sel.layers[i]
         chain[i] = {
-          keep_saved = k.saved, keep_fwd = k.fwd_peak, keep_bwd = k.bwd_peak,
-          sel_saved = s.saved, sel_bwd = s.bwd_peak,
+          keep_saved = k.saved, keep_fwd = k.fwd_peak, keep_bwd = k.bwd_peak + k.out_bytes,
+          sel_saved = s.saved, sel_bwd = s.bwd_peak + k.out_bytes,
           sel_flops = s.saved < k.saved and s.recompute_flops or -1,
           in_bytes = k.in_bytes, flops = k.flops,
         }
       end
+      -- The DP's model is additive; the simulation is the truth. Tighten the DP's
+      -- budget by what a simulated plan overshoots until one fits.
       local m = bytes - keep.base
-      for _ = 1, 16 do
+      for _ = 1, 8 do
         local actions = C.chain_optimal(chain, m)
         if not actions then break end
         local plan = plan_of(actions, ops)
@@ -137,21 +139,26 @@ function policy.budget(b)
         if sim.peak <= bytes then return plan end
         m = m - (sim.peak - bytes) - 1
       end
-      -- No plan fits: find the smallest budget that does, to say so.
-      local best
-      local lo, hi = 0, keep.peak - keep.base
-      for _ = 1, 24 do
-        local mid = (lo + hi) / 2
-        if C.chain_optimal(chain, mid) then hi = mid else lo = mid end
+      -- Otherwise search: DP plans over a sweep of modelled budgets and every(k); the
+      -- fitting one with the least recompute wins.
+      local best, best_flops, smallest = nil, math.huge, math.huge
+      local function try(plan)
+        local sim = ctx.simulate(plan)
+        smallest = math.min(smallest, sim.peak)
+        if sim.peak <= bytes and sim.recompute_flops < best_flops then
+          best, best_flops = plan, sim.recompute_flops
+        end
       end
-      local actions = C.chain_optimal(chain, hi)
-      if actions then best = ctx.simulate(plan_of(actions, ops)).peak end
-      for _, k in ipairs({ 1, 2, math.max(1, math.floor(math.sqrt(n) + 0.5)) }) do
-        local p = ctx.simulate(policy.every(k).resolve(n)).peak
-        if not best or p < best then best = p end
+      local hi = keep.peak - keep.base
+      for i = 0, 23 do
+        local actions = C.chain_optimal(chain, hi * (0.85 ^ i))
+        if actions then try(plan_of(actions, ops)) end
       end
+      for k = 1, math.min(n, 8) do try(policy.every(k).resolve(n)) end
+      try(policy.sqrt().resolve(n))
+      if best then return best end
       error(("policy.budget: no plan keeps activations within %s; the smallest that fits needs %s (policy.budget(%d))"):format(
-        remat.memory.format(bytes), remat.memory.format(best), best), 0)
+        remat.memory.format(bytes), remat.memory.format(smallest), smallest), 0)
     end,
   })
 end
