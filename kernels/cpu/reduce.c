@@ -62,14 +62,15 @@ static int64_t geo_off(const rgeo *g, const int *dims, int nd, int64_t q) {
 /* ---- sum engine: out[e] = (sum of the summed dims) / div ---- */
 
 #define DEF_SEGSUM(T)                                                              \
+  static double sum4_##T(const T *p, int64_t n) {                                  \
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;                                         \
+    int64_t i = 0;                                                                 \
+    for (; i + 4 <= n; i += 4) { s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3]; } \
+    for (; i < n; i++) s0 += p[i];                                                 \
+    return (s0 + s1) + (s2 + s3);                                                  \
+  }                                                                                \
   static double segsum_##T(const T *p, int64_t n) {                                \
-    if (n < 2 * SEG_CHUNK || omp_in_parallel()) {                                  \
-      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;                                       \
-      int64_t i = 0;                                                               \
-      for (; i + 4 <= n; i += 4) { s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3]; } \
-      for (; i < n; i++) s0 += p[i];                                               \
-      return (s0 + s1) + (s2 + s3);                                                \
-    }                                                                              \
+    if (n < 2 * SEG_CHUNK || omp_in_parallel()) return sum4_##T(p, n);             \
     int64_t chunk = SEG_CHUNK;                                                     \
     if ((n + chunk - 1) / chunk > SEG_MAXCHUNKS) chunk = (n + SEG_MAXCHUNKS - 1) / SEG_MAXCHUNKS; \
     int64_t nc = (n + chunk - 1) / chunk;                                          \
@@ -77,9 +78,7 @@ static int64_t geo_off(const rgeo *g, const int *dims, int nd, int64_t q) {
     _Pragma("omp parallel for")                                                    \
     for (int64_t c = 0; c < nc; c++) {                                             \
       int64_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;                \
-      double s = 0;                                                                \
-      for (int64_t i = lo; i < hi; i++) s += p[i];                                 \
-      part[c] = s;                                                                 \
+      part[c] = sum4_##T(p + lo, hi - lo);                                         \
     }                                                                              \
     double s = 0;                                                                  \
     for (int64_t c = 0; c < nc; c++) s += part[c];                                 \
@@ -188,25 +187,33 @@ static void split3(const rm_tensor *t, int d, int64_t *outer, int64_t *n, int64_
   *n = t->shape[d];
 }
 
-/* First maximum; a NaN wins over numbers (first NaN), as in PyTorch. */
+/* First maximum; a NaN wins over numbers (first NaN), as in PyTorch. Along the last
+ * dim a row at a time; along another dim BLK neighbouring columns at a time, so that
+ * each step reads contiguous memory. */
 #define DEF_MAXCOL(T)                                                               \
   static void maxcols_##T(const T *x, T *val, T *idx, int64_t outer, int64_t n,     \
                           int64_t inner) {                                          \
-    int64_t cols = outer * inner;                                                   \
     if (n == 0) return;                                                             \
-    _Pragma("omp parallel for if (cols * n > RM_CPU_PAR_MIN)")                      \
-    for (int64_t c = 0; c < cols; c++) {                                            \
-      const T *p = x + (c / inner) * n * inner + c % inner;                         \
-      T best = p[0];                                                                \
-      int64_t bi = 0;                                                               \
-      if (best == best)                                                             \
-        for (int64_t k = 1; k < n; k++) {                                           \
-          T v = p[k * inner];                                                       \
-          if (v > best) { best = v; bi = k; }                                       \
-          else if (v != v) { best = v; bi = k; break; }                             \
+    int64_t nb = (inner + BLK - 1) / BLK;                                           \
+    _Pragma("omp parallel for if (outer * inner * n > RM_CPU_PAR_MIN)")             \
+    for (int64_t t = 0; t < outer * nb; t++) {                                      \
+      int64_t o = t / nb, j0 = (t % nb) * BLK;                                      \
+      int64_t jn = inner - j0 < BLK ? inner - j0 : BLK;                             \
+      const T *p = x + o * n * inner + j0;                                          \
+      T best[BLK];                                                                  \
+      int64_t bi[BLK];                                                              \
+      for (int64_t j = 0; j < jn; j++) { best[j] = p[j]; bi[j] = 0; }               \
+      for (int64_t k = 1; k < n; k++) {                                             \
+        const T *r = p + k * inner;                                                 \
+        for (int64_t j = 0; j < jn; j++) {                                          \
+          T v = r[j], b = best[j];                                                  \
+          if (b == b && (v > b || v != v)) { best[j] = v; bi[j] = k; }              \
         }                                                                           \
-      if (val) val[c] = best;                                                       \
-      if (idx) idx[c] = (T)(bi + 1);                                                \
+      }                                                                             \
+      for (int64_t j = 0; j < jn; j++) {                                            \
+        if (val) val[o * inner + j0 + j] = best[j];                                 \
+        if (idx) idx[o * inner + j0 + j] = (T)(bi[j] + 1);                          \
+      }                                                                             \
     }                                                                               \
   }
 DEF_MAXCOL(float)

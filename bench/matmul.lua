@@ -1,0 +1,64 @@
+-- Matmul throughput on the CPU: GFLOP/s of remat's matmul (float32, square n x n) for
+-- n = 64..2048, next to an estimate of the machine's peak, and the fixed cost of one op
+-- dispatch (check, allocate, BLAS call) measured on a 1x1 product.
+-- Run: remat bench/matmul.lua [max_n]   (or lua5.4 with LUA_CPATH pointing at remat.so)
+local remat = require "remat"
+local C = remat._C
+
+local max_n = tonumber(arg and arg[1]) or 2048
+local dtype = "float32"
+
+-- Runs fn repeatedly for at least `budget` seconds (after one warm-up call);
+-- returns the mean seconds per call.
+local function time(fn, budget)
+  fn()
+  local reps, t0 = 0, C.now()
+  local el
+  repeat
+    fn()
+    reps = reps + 1
+    el = C.now() - t0
+  until el >= budget
+  return el / reps
+end
+
+local function product(n)
+  local a = C.full({ n, n }, 0.5, dtype)
+  local b = C.full({ n, n }, 0.25, dtype)
+  return function() C.free(C.op("matmul", nil, a, b)) end
+end
+
+-- Peak estimate: cores x clock x FLOP/cycle, assuming two FMA units per core: 64
+-- float32 FLOP/cycle with AVX-512, 32 with AVX2 (an upper bound: clocks drop under load).
+local function peak_estimate()
+  local f = io.open("/proc/cpuinfo")
+  if not f then return nil end
+  local cores, mhz, fpc = 0, nil, 16
+  for line in f:lines() do
+    if line:match("^processor") then cores = cores + 1 end
+    mhz = mhz or tonumber(line:match("^cpu MHz%s*:%s*([%d.]+)"))
+    if line:match("^flags") then
+      if line:match(" avx512f") then fpc = 64 elseif line:match(" avx2") and fpc < 32 then fpc = 32 end
+    end
+  end
+  f:close()
+  if not mhz or cores == 0 then return nil end
+  return cores * mhz * 1e6 * fpc / 1e9, cores, mhz, fpc
+end
+
+local dispatch = time(product(1), 0.2)
+print(("dispatch overhead (1x1 matmul): %.2f us per op"):format(dispatch * 1e6))
+local peak, cores, mhz, fpc = peak_estimate()
+if peak then
+  print(("peak estimate: %.0f GFLOP/s (%d cores x %.0f MHz x %d FLOP/cycle)"):format(peak, cores, mhz, fpc))
+end
+print()
+print(("%6s %12s %12s %s"):format("n", "ms", "GFLOP/s", peak and "% of peak" or ""))
+local n = 64
+while n <= max_n do
+  local s = time(product(n), n >= 1024 and 1.0 or 0.3)
+  local gf = 2 * n * n * n / s / 1e9
+  print(("%6d %12.3f %12.1f %s"):format(n, s * 1e3, gf, peak and ("%9.1f"):format(100 * gf / peak) or ""))
+  collectgarbage()
+  n = n * 2
+end
