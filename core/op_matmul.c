@@ -156,7 +156,7 @@ static int linear_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
 
 /* gx = g w, gw = g^T x (over the flattened leading dims), gb = g summed over them. */
 static int linear_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
-  rm_tensor *x = n->in[0], *w = n->in[1];
+  rm_tensor *w = n->in[1];
   int64_t fin = w->shape[1], fout = w->shape[0];
   if (rm_node_needs_grad(n, 0)) {
     rm_tensor *wd = rm_node_input(ctx, n, 1);
@@ -186,7 +186,6 @@ static int linear_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
     }
     if (!gin[2]) return ctx->err_code;
   }
-  (void)x;
   return RM_OK;
 }
 
