@@ -22,11 +22,17 @@ rm_tensor *rm_lua_check_tensor(lua_State *L, int idx, const char *fn) {
   return b->t;
 }
 
+/* The userdata remembers the context its tensor belongs to (user value 1), so that a
+ * tensor collected after remat was opened again in the same state (busted reloads
+ * modules between spec files) is released into its own context. */
 void rm_lua_push_tensor(lua_State *L, rm_tensor *t, const char *fn) {
   if (!t) rm_lua_fail(L, fn);
-  rm_ltensor *b = lua_newuserdatauv(L, sizeof *b, 0);
+  rm_ctx *ctx = rm_lua_ctx(L);
+  rm_ltensor *b = lua_newuserdatauv(L, sizeof *b, 1);
   b->t = NULL;
   luaL_setmetatable(L, RM_TENSOR_MT);
+  lua_pushlightuserdata(L, ctx);
+  lua_setiuservalue(L, -2, 1);
   b->t = t;
 }
 
@@ -35,8 +41,11 @@ static int t_free(lua_State *L) {
   rm_ltensor *b = luaL_testudata(L, 1, RM_TENSOR_MT);
   if (b && b->t) {
     rm_tensor *t = b->t;
+    lua_getiuservalue(L, 1, 1);
+    rm_ctx *ctx = lua_touserdata(L, -1);
+    lua_pop(L, 1);
     b->t = NULL;
-    rm_tensor_drop(rm_lua_ctx(L), t);
+    rm_tensor_drop(ctx ? ctx : rm_lua_ctx(L), t);
   }
   return 0;
 }
