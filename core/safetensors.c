@@ -18,6 +18,7 @@
 
 #define JSON_MAX_DEPTH 32
 #define CHUNK_BYTES ((size_t)1 << 20)
+#define ULL(x) ((unsigned long long)(x))
 
 /* Every dtype the format defines, so that a file using one remat cannot hold gets
  * "cannot load dtype I64" rather than "unknown dtype". remat: the dtype it loads as. */
@@ -205,8 +206,7 @@ static void build_header(sbuf *b, int n, const int *order, const char *const *na
       sb_str(b, num);
     }
     uint64_t bytes = (uint64_t)rm_tensor_nbytes(t);
-    snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)at,
-             (unsigned long long)(at + bytes));
+    snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", ULL(at), ULL(at + bytes));
     sb_str(b, num);
     at += bytes;
   }
@@ -373,20 +373,13 @@ static int js_expect(jp *j, char c) {
   return RM_OK;
 }
 
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 static int js_hex4(jp *j, unsigned *out) {
   if (j->end - j->p < 4) return js_fail(j, "truncated \\u escape");
   unsigned v = 0;
   for (int k = 0; k < 4; k++) {
-    int h = hexval(j->p[k]);
-    if (h < 0) return js_fail(j, "bad \\u escape");
-    v = v * 16 + (unsigned)h;
+    const char *hex = "0123456789abcdef0123456789ABCDEF", *at = j->p[k] ? strchr(hex, j->p[k]) : NULL;
+    if (!at) return js_fail(j, "bad \\u escape");
+    v = v * 16 + (unsigned)((at - hex) % 16);
   }
   j->p += 4;
   *out = v;
@@ -408,16 +401,10 @@ static int js_string(jp *j, const char **out) {
     if (c != '\\') { *w++ = *j->p++; continue; }
     if (++j->p >= j->end) return js_fail(j, "unterminated string");
     c = (unsigned char)*j->p++;
+    const char *simple = "\"\\/bfnrt", *at = c ? strchr(simple, c) : NULL;
     unsigned cp;
+    if (at) { *w++ = "\"\\/\b\f\n\r\t"[at - simple]; continue; }
     switch (c) {
-    case '"': *w++ = '"'; continue;
-    case '\\': *w++ = '\\'; continue;
-    case '/': *w++ = '/'; continue;
-    case 'b': *w++ = '\b'; continue;
-    case 'f': *w++ = '\f'; continue;
-    case 'n': *w++ = '\n'; continue;
-    case 'r': *w++ = '\r'; continue;
-    case 't': *w++ = '\t'; continue;
     case 'u':
       if (js_hex4(j, &cp) != RM_OK) return j->ctx->err_code;
       if (cp >= 0xDC00 && cp <= 0xDFFF) return js_fail(j, "lone low surrogate in \\u escape");
@@ -527,10 +514,8 @@ static int js_skip(jp *j, int depth) {
   }
 }
 
-/* Iterates over "[v1, v2, ...]" / "{k: v, ...}": call js_open, then js_next before each
- * element; js_next returns 1 while there is one, 0 at the closing bracket, <0 on error. */
-static int js_open(jp *j, char open) { return js_expect(j, open); }
-
+/* Iterates over "[v1, v2, ...]" / "{k: v, ...}": js_expect the opening bracket, then
+ * js_next before each element: 1 while there is one, 0 at the closing bracket, <0 on error. */
 static int js_next(jp *j, char close, int *count) {
   js_ws(j);
   if (j->p >= j->end) { js_fail(j, "unexpected end of the header"); return -1; }
@@ -541,6 +526,18 @@ static int js_next(jp *j, char close, int *count) {
   }
   (*count)++;
   return 1;
+}
+
+/* An array of non-negative integers; stops reading past max of them (*n = max + 1). */
+static int js_uints(jp *j, uint64_t *v, int max, int *n) {
+  if (js_expect(j, '[') != RM_OK) return j->ctx->err_code;
+  int count = 0, r;
+  while ((r = js_next(j, ']', &count)) > 0) {
+    if (count > max) { *n = count; return RM_OK; }
+    if (js_uint(j, &v[count - 1]) != RM_OK) return j->ctx->err_code;
+  }
+  *n = count;
+  return r < 0 ? j->ctx->err_code : RM_OK;
 }
 
 static int grow(rm_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem) {
@@ -558,7 +555,7 @@ static int parse_metadata(jp *j) {
   st_priv *pv = j->pv;
   js_ws(j);
   if (j->end - j->p >= 4 && !memcmp(j->p, "null", 4)) { j->p += 4; return RM_OK; }
-  if (js_open(j, '{') != RM_OK) return j->ctx->err_code;
+  if (js_expect(j, '{') != RM_OK) return j->ctx->err_code;
   int count = 0, r;
   while ((r = js_next(j, '}', &count)) > 0) {
     const char *k, *v;
@@ -580,7 +577,7 @@ static int parse_metadata(jp *j) {
 static int parse_entry(jp *j, st_entry *e) {
   rm_ctx *ctx = j->ctx;
   bool have_dt = false, have_shape = false, have_off = false;
-  if (js_open(j, '{') != RM_OK) return ctx->err_code;
+  if (js_expect(j, '{') != RM_OK) return ctx->err_code;
   int count = 0, r;
   while ((r = js_next(j, '}', &count)) > 0) {
     const char *key;
@@ -598,30 +595,18 @@ static int parse_entry(jp *j, st_entry *e) {
     } else if (!strcmp(key, "shape")) {
       if (have_shape) return js_fail(j, "\"shape\" given twice");
       have_shape = true;
-      if (js_open(j, '[') != RM_OK) return ctx->err_code;
-      int n = 0, rr;
-      while ((rr = js_next(j, ']', &n)) > 0) {
-        uint64_t v;
-        if (n > RM_MAX_DIM)
-          return rm_fail(ctx, RM_ERR_IO, "%s: tensor '%s' has more than %d dimensions", j->path,
-                         e->name, RM_MAX_DIM);
-        if (js_uint(j, &v) != RM_OK) return ctx->err_code;
-        e->shape[n - 1] = (int64_t)v;
-      }
-      if (rr < 0) return ctx->err_code;
-      e->ndim = n;
+      uint64_t v[RM_MAX_DIM];
+      if (js_uints(j, v, RM_MAX_DIM, &e->ndim) != RM_OK) return ctx->err_code;
+      if (e->ndim > RM_MAX_DIM)
+        return rm_fail(ctx, RM_ERR_IO, "%s: tensor '%s' has more than %d dimensions", j->path, e->name, RM_MAX_DIM);
+      for (int d = 0; d < e->ndim; d++) e->shape[d] = (int64_t)v[d];
     } else if (!strcmp(key, "data_offsets")) {
       if (have_off) return js_fail(j, "\"data_offsets\" given twice");
       have_off = true;
-      if (js_open(j, '[') != RM_OK) return ctx->err_code;
-      int n = 0, rr;
-      uint64_t v[2] = { 0, 0 };
-      while ((rr = js_next(j, ']', &n)) > 0) {
-        if (n > 2) return js_fail(j, "data_offsets has more than 2 numbers");
-        if (js_uint(j, &v[n - 1]) != RM_OK) return ctx->err_code;
-      }
-      if (rr < 0) return ctx->err_code;
-      if (n != 2) return js_fail(j, "data_offsets needs 2 numbers");
+      uint64_t v[2];
+      int n;
+      if (js_uints(j, v, 2, &n) != RM_OK) return ctx->err_code;
+      if (n != 2) return js_fail(j, "data_offsets needs exactly 2 numbers");
       e->begin = v[0];
       e->end = v[1];
     } else if (js_skip(j, 2) != RM_OK) {
@@ -638,7 +623,7 @@ static int parse_entry(jp *j, st_entry *e) {
 static int parse_header(jp *j) {
   st_priv *pv = j->pv;
   bool have_meta = false;
-  if (js_open(j, '{') != RM_OK) return j->ctx->err_code;
+  if (js_expect(j, '{') != RM_OK) return j->ctx->err_code;
   int count = 0, r;
   while ((r = js_next(j, '}', &count)) > 0) {
     const char *name;
@@ -685,18 +670,16 @@ static int check_entry(rm_ctx *ctx, const char *path, const st_entry *e, uint64_
   uint64_t need = (uint64_t)numel * size;
   if (e->begin > e->end)
     return rm_fail(ctx, RM_ERR_IO, "%s: tensor '%s' has data_offsets [%llu, %llu] that end before they begin",
-                   path, e->name, (unsigned long long)e->begin, (unsigned long long)e->end);
+                   path, e->name, ULL(e->begin), ULL(e->end));
   if (e->end > len)
     return rm_fail(ctx, RM_ERR_IO,
                    "%s: tensor '%s' has data_offsets [%llu, %llu] past the end of the data (%llu bytes; truncated file?)",
-                   path, e->name, (unsigned long long)e->begin, (unsigned long long)e->end,
-                   (unsigned long long)len);
+                   path, e->name, ULL(e->begin), ULL(e->end), ULL(len));
   if (e->end - e->begin != need)
     return rm_fail(ctx, RM_ERR_IO,
                    "%s: tensor '%s' has data_offsets [%llu, %llu] (%llu bytes) but a %s tensor of shape %s needs %llu bytes",
-                   path, e->name, (unsigned long long)e->begin, (unsigned long long)e->end,
-                   (unsigned long long)(e->end - e->begin), st_dtypes[e->dt].name, shp,
-                   (unsigned long long)need);
+                   path, e->name, ULL(e->begin), ULL(e->end), ULL(e->end - e->begin),
+                   st_dtypes[e->dt].name, shp, ULL(need));
   return RM_OK;
 }
 
@@ -706,7 +689,7 @@ static int check_layout(rm_ctx *ctx, const char *path, st_priv *pv, uint64_t len
                         const char **names, const char **keys) {
   for (size_t i = 0; i < pv->nent; i++)
     if (check_entry(ctx, path, &pv->ent[i], len) != RM_OK) return ctx->err_code;
-  qsort(pv->ent, pv->nent, sizeof *pv->ent, cmp_ent_offset);
+  if (pv->nent) qsort(pv->ent, pv->nent, sizeof *pv->ent, cmp_ent_offset);
   uint64_t pos = 0;
   for (size_t i = 0; i < pv->nent; i++) {
     const st_entry *e = &pv->ent[i];
@@ -715,12 +698,12 @@ static int check_layout(rm_ctx *ctx, const char *path, st_priv *pv, uint64_t len
                      pv->ent[i - 1].name);
     if (e->begin > pos)
       return rm_fail(ctx, RM_ERR_IO, "%s: %llu bytes before tensor '%s' belong to no tensor", path,
-                     (unsigned long long)(e->begin - pos), e->name);
+                     ULL(e->begin - pos), e->name);
     pos = e->end;
   }
   if (pos != len)
     return rm_fail(ctx, RM_ERR_IO, "%s: the last %llu bytes of the file belong to no tensor", path,
-                   (unsigned long long)(len - pos));
+                   ULL(len - pos));
   int n = (int)pv->nent;
   for (int i = 0; i < n; i++) names[i] = pv->ent[i].name;
   sort_by_name(idx, n, names);
@@ -861,24 +844,24 @@ static int read_header(rm_ctx *ctx, FILE *f, const char *path, st_priv *pv, uint
   unsigned char len8[8];
   if (size < 8 || fread(len8, 1, 8, f) != 8)
     return rm_fail(ctx, RM_ERR_IO, "%s: not a safetensors file: %llu bytes, too short for the 8-byte header length",
-                   path, (unsigned long long)size);
+                   path, ULL(size));
   uint64_t hn = le64(len8);
   if (hn > RM_ST_MAX_HEADER)
     return rm_fail(ctx, RM_ERR_IO, "%s: header length %llu is over the %u-byte limit (not a safetensors file, or corrupted)",
-                   path, (unsigned long long)hn, RM_ST_MAX_HEADER);
+                   path, ULL(hn), RM_ST_MAX_HEADER);
   if (hn > size - 8)
     return rm_fail(ctx, RM_ERR_IO, "%s: header length %llu is more than the %llu bytes that follow it (truncated file?)",
-                   path, (unsigned long long)hn, (unsigned long long)(size - 8));
-  if (hn < 2) return rm_fail(ctx, RM_ERR_IO, "%s: header length %llu is too short for a header", path, (unsigned long long)hn);
+                   path, ULL(hn), ULL(size - 8));
+  if (hn < 2) return rm_fail(ctx, RM_ERR_IO, "%s: header length %llu is too short for a header", path, ULL(hn));
   pv->hdr = rm_host_malloc(ctx, (size_t)hn + 1);
-  if (!pv->hdr) return rm_fail(ctx, RM_ERR_OOM, "%s: out of host memory for a %llu-byte header", path, (unsigned long long)hn);
+  if (!pv->hdr) return rm_fail(ctx, RM_ERR_OOM, "%s: out of host memory for a %llu-byte header", path, ULL(hn));
   pv->hdr_size = (size_t)hn;
   if (fread(pv->hdr, 1, (size_t)hn, f) != hn)
     return rm_fail(ctx, RM_ERR_IO, "%s: the file ended inside the header", path);
   pv->hdr[hn] = 0;
   size_t ok = utf8_valid_prefix((const unsigned char *)pv->hdr, (size_t)hn);
   if (ok != hn)
-    return rm_fail(ctx, RM_ERR_IO, "%s: corrupted header: invalid UTF-8 at byte %llu", path, (unsigned long long)(8 + ok));
+    return rm_fail(ctx, RM_ERR_IO, "%s: corrupted header: invalid UTF-8 at byte %llu", path, ULL(8 + ok));
   jp j = { ctx, path, pv->hdr, pv->hdr + hn, pv->hdr, pv };
   if (parse_header(&j) != RM_OK) return ctx->err_code;
   *data_at = 8 + hn;
