@@ -89,10 +89,8 @@ static int l_load(lua_State *L) {
     lua_pushstring(L, f->file_dtype[i]);
     lua_setfield(L, guard + 3, f->names[i]);
     lua_pushstring(L, f->names[i]);
-    rm_ltensor *b = lua_newuserdatauv(L, sizeof *b, 0);
-    b->t = NULL;
-    luaL_setmetatable(L, RM_TENSOR_MT);
-    b->t = f->tensors[i];      /* the userdata takes the hold over */
+    /* The userdata takes the hold over only once it exists; until then the guard owns it. */
+    rm_lua_push_tensor(L, f->tensors[i], fn);
     f->tensors[i] = NULL;
     lua_settable(L, guard + 1);
   }
