@@ -597,20 +597,27 @@ static const luaL_Reg nn_c[] = {
 };
 
 void rm_lua_open_nn(lua_State *L) {
-  nn_state *st = lua_newuserdatauv(L, sizeof *st, 0);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
-  st->main = lua_tothread(L, -1);
+  /* Opening remat again in the same lua_State (a test runner that resets
+   * package.loaded) keeps the state and cache: modules made before still point there. */
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &STATE_KEY) != LUA_TUSERDATA) {
+    nn_state *st = lua_newuserdatauv(L, sizeof *st, 0);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+    st->main = lua_tothread(L, -1);
+    lua_pop(L, 1);
+    st->cur = NULL;
+    st->err_ref = LUA_NOREF;
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
+  }
   lua_pop(L, 1);
-  st->cur = NULL;
-  st->err_ref = LUA_NOREF;
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
-
-  lua_newtable(L);               /* the cache, weak values */
-  lua_newtable(L);
-  lua_pushliteral(L, "v");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &CACHE_KEY) != LUA_TTABLE) {
+    lua_newtable(L);             /* the cache, weak values */
+    lua_newtable(L);
+    lua_pushliteral(L, "v");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &CACHE_KEY);
+  }
+  lua_pop(L, 1);
 
   luaL_newmetatable(L, RM_MODULE_MT);
   luaL_setfuncs(L, module_mt, 0);
