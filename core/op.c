@@ -94,8 +94,10 @@ static int default_infer(rm_ctx *ctx, const rm_op_def *def, int nin, rm_tensor *
   if (rc) return rc;
   rm_tensor_meta(in[0], &out[0]);
   for (int i = 1; i < nin; i++) {
-    rc = rm_broadcast_shape(ctx, def->name, out[0].ndim, out[0].shape, in[i]->ndim,
-                            in[i]->shape, &out[0].ndim, out[0].shape);
+    int64_t acc[RM_MAX_DIM]; /* the inputs of rm_broadcast_shape must not alias its output */
+    memcpy(acc, out[0].shape, sizeof acc);
+    rc = rm_broadcast_shape(ctx, def->name, out[0].ndim, acc, in[i]->ndim, in[i]->shape,
+                            &out[0].ndim, out[0].shape);
     if (rc) return rc;
   }
   for (int j = 1; j < def->nout; j++) out[j] = out[0];

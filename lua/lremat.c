@@ -80,10 +80,15 @@ static bool reclaim(void *ud) {
 static int owner_gc(lua_State *L) {
   rm_ctx **pp = lua_touserdata(L, 1);
   if (*pp) {
-    /* Tensors freed after this point (none should be: the owner is created first and
-     * finalised last) would touch a dead context; drop the binding first. */
-    lua_pushnil(L);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+    /* The owner is created first and finalised last; drop the binding (when it is
+     * still ours) so nothing reaches the dead context. */
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+    bool ours = lua_touserdata(L, -1) == *pp;
+    lua_pop(L, 1);
+    if (ours) {
+      lua_pushnil(L);
+      lua_rawsetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+    }
     rm_ctx_free(*pp);
     *pp = NULL;
   }
@@ -117,6 +122,7 @@ static int open_module(lua_State *L) {
   rm_lua_open_io(L);
   rm_lua_open_autograd(L);
   rm_lua_open_plan(L);
+  rm_lua_open_optim(L);
   lua_setfield(L, -2, "_C");
   lua_pushliteral(L, REMAT_VERSION);
   lua_setfield(L, -2, "version");
@@ -142,16 +148,23 @@ int rm_lua_open(lua_State *L, rm_ctx *ctx) {
 }
 
 int luaopen_remat(lua_State *L) {
-  rm_ctx **pp = lua_newuserdatauv(L, sizeof *pp, 0);
-  *pp = NULL;
-  lua_newtable(L);
-  lua_pushcfunction(L, owner_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &OWNER_KEY);
-  *pp = rm_ctx_new(NULL, NULL, NULL);
-  if (!*pp) return luaL_error(L, "remat: cannot create a context (out of memory)");
-  if (rm_lua_open(L, *pp) != RM_OK) return luaL_error(L, "%s", rm_errmsg(*pp));
+  /* A second require in the same state (busted insulates each spec file by clearing
+   * package.loaded) reuses the context, so tensors made before stay valid. */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+  rm_ctx *ctx = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (!ctx) {
+    rm_ctx **pp = lua_newuserdatauv(L, sizeof *pp, 0);
+    *pp = NULL;
+    lua_newtable(L);
+    lua_pushcfunction(L, owner_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &OWNER_KEY);
+    *pp = ctx = rm_ctx_new(NULL, NULL, NULL);
+    if (!ctx) return luaL_error(L, "remat: cannot create a context (out of memory)");
+  }
+  if (rm_lua_open(L, ctx) != RM_OK) return luaL_error(L, "%s", rm_errmsg(ctx));
   return 1;
 }
 
