@@ -23,6 +23,7 @@ typedef struct nn_state {
 
 typedef struct lmodule {
   rm_module *m;
+  rm_ctx *ctx;       /* the context m lives in (remat may be reopened in the same state) */
 } lmodule;
 
 /* What a Lua-defined module's foreign hook needs. */
@@ -58,6 +59,7 @@ void rm_lua_push_module(lua_State *L, rm_module *m) {
   lua_pop(L, 1);
   lmodule *b = lua_newuserdatauv(L, sizeof *b, 1);
   b->m = NULL;
+  b->ctx = rm_lua_ctx(L);
   luaL_setmetatable(L, RM_MODULE_MT);
   if (m->type == &rm_type_foreign && m->foreign_ud) {
     lforeign *f = m->foreign_ud;
@@ -86,7 +88,7 @@ static int m_gc(lua_State *L) {
   if (b && b->m) {
     rm_module *m = b->m;
     b->m = NULL;
-    rm_module_release(rm_lua_ctx(L), m);
+    rm_module_release(b->ctx, m);
   }
   return 0;
 }
@@ -129,11 +131,13 @@ rm_tensor *rm_lua_module_forward(lua_State *L, rm_module *m, rm_tensor *x, const
 }
 
 /* Protected part of a foreign call: self:forward-function(x) -> *out (a new hold).
- * Upvalues none; args: lightuserdata module, input tensor, out slot. */
+ * Args: lightuserdata module, input tensor, out slot, context. */
 static int foreign_call(lua_State *L) {
   rm_module *m = lua_touserdata(L, 1);
   rm_tensor *x = lua_touserdata(L, 2);
   rm_tensor **out = lua_touserdata(L, 3);
+  rm_ctx *ctx = lua_touserdata(L, 4);
+  lua_settop(L, 3);
   rm_lua_push_module(L, m);                 /* 4: self */
   lua_getiuservalue(L, 4, 1);               /* 5: fields */
   if (lua_getfield(L, 5, "forward") != LUA_TFUNCTION)
@@ -158,7 +162,7 @@ static int foreign_call(lua_State *L) {
   if (xb->t) {
     rm_tensor *t = xb->t;
     xb->t = NULL;
-    rm_tensor_drop(rm_lua_ctx(L), t);
+    rm_tensor_drop(ctx, t);
   }
   return 0;
 }
@@ -175,7 +179,8 @@ static int foreign_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **
   lua_pushlightuserdata(L, m);
   lua_pushlightuserdata(L, x);
   lua_pushlightuserdata(L, y);
-  int rc = lua_pcall(L, 3, 0, 0);
+  lua_pushlightuserdata(L, ctx);
+  int rc = lua_pcall(L, 4, 0, 0);
   if (rc == LUA_OK) {
     lua_settop(L, top);
     return RM_OK;
