@@ -111,6 +111,29 @@ static int run_node(rm_ctx *ctx, rm_node *n) {
   return rc;
 }
 
+static bool is_leaf_edge(const rm_node *n, int i) {
+  return rm_node_needs_grad(n, i) && !n->in[i]->grad_fn && n->in[i]->requires_grad;
+}
+
+/* Counts, per leaf, the edges of this backward that will deliver a gradient to it. */
+static void count_leaf_edges(rm_node **list, size_t count, int delta) {
+  for (size_t k = 0; k < count; k++)
+    for (int i = 0; i < list[k]->nin && i < 32; i++)
+      if (is_leaf_edge(list[k], i)) list[k]->in[i]->pending += delta;
+}
+
+/* After n's backward: leaves that received their last gradient are final. */
+static int leaves_done(rm_ctx *ctx, rm_node *n) {
+  int rc = RM_OK;
+  for (int i = 0; i < n->nin && i < 32; i++) {
+    if (!is_leaf_edge(n, i)) continue;
+    rm_tensor *x = n->in[i];
+    if (--x->pending == 0 && ctx->grad_ready && x->grad && rc == RM_OK)
+      rc = ctx->grad_ready(ctx, x, ctx->grad_ready_ud);
+  }
+  return rc;
+}
+
 int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad) {
   if (!root->requires_grad)
     return rm_fail(ctx, RM_ERR_STATE, "backward: the tensor does not require grad (no op on it was recorded)");
@@ -144,15 +167,19 @@ int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad) {
       rc = rm_fail(ctx, RM_ERR_STATE, "backward: the graph was already used by a backward (its saved data is gone); run the forward again");
   if (rc == RM_OK) {
     for (size_t k = 0; k < count; k++) rm_node_retain(list[k]);
+    count_leaf_edges(list, count, 1);
     rc = rm_accumulate(ctx, &root->grad_fn->gout[root->out_index], seed, ctx->category);
     for (size_t k = 0; k < count && rc == RM_OK; k++) {
       if (ctx->measure) rm_ckpt_before_node(ctx, list[k]);
       rc = run_node(ctx, list[k]);
+      if (rc == RM_OK) rc = leaves_done(ctx, list[k]);
+      else count_leaf_edges(list + k, 1, -1);
       rm_node_release_saved(ctx, list[k]);
       list[k]->done = true;
       if (ctx->measure) rm_ckpt_after_node(ctx, list[k]);
     }
     for (size_t k = 0; k < count; k++) {
+      if (rc && !list[k]->done) count_leaf_edges(list + k, 1, -1);
       if (rc) rm_node_release_saved(ctx, list[k]);
       rm_node_release(ctx, list[k]);
     }

@@ -45,6 +45,10 @@ struct rm_ctx {
   struct rm_measure *measure;     /* per-layer measurement during a dry run, or NULL */
   int alloc_tag;                  /* measured layer new activations belong to (-1: none) */
   double recompute_flops;         /* FLOPs replayed to rematerialise evicted tensors */
+  /* Called during backward as soon as a leaf's gradient is final (data parallelism
+   * starts reducing it while backward goes on). A nonzero return aborts backward. */
+  int (*grad_ready)(rm_ctx *ctx, rm_tensor *leaf, void *ud);
+  void *grad_ready_ud;
 
   const struct rm_backend *backend[RM_DEVICE_COUNT];
   void *backend_state[RM_DEVICE_COUNT];

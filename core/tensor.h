@@ -29,6 +29,7 @@ struct rm_tensor {
   rm_node *producer;      /* weak: node that produced this non-differentiable output */
   int out_index;          /* which output of grad_fn/producer */
   int layer;              /* layer whose forward produced it (-1: none) */
+  int pending;            /* leaves, during a backward: edges yet to deliver a gradient */
 };
 
 /* New contiguous tensor, data uninitialised. refcount 1, users 1. */
