@@ -5,6 +5,7 @@ require "remat.autograd"
 require "remat.io"
 require "remat.data"
 require "remat.nn"
+require "remat.optim"
 require "remat.policy"
 require "remat.checkpoint"
 return remat

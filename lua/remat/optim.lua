@@ -1,0 +1,419 @@
+-- remat.optim: SGD, Adam and AdamW with PyTorch's semantics and defaults (torch.optim,
+-- single-tensor path), gradient clipping, and learning-rate schedules.
+--
+--   local opt = optim.AdamW(model:parameters(), { lr = 1e-3, weight_decay = 0.01 })
+--   loss:backward(); optim.clip_grad_norm(model:parameters(), 1.0); opt:step(); opt:zero_grad()
+--
+-- Each step runs one fused kernel per parameter in place (sgd_step / adamw_step through
+-- C.op_into, see core/op_optim.c). State tensors (momentum buffers, Adam's m and v) are
+-- made at a parameter's first step, in the memory category "optim".
+local remat = package.loaded.remat
+local C = remat._C
+local optim = {}
+remat.optim = optim
+
+local tensor_mt = C.Tensor_mt
+local DIM_ALL = math.mininteger
+
+-- Raises msg located at the first caller outside remat's own Lua code.
+local function fail(msg) return remat._fail(msg) end
+
+local function is_tensor(v) return getmetatable(v) == tensor_mt end
+
+local function describe(v)
+  if is_tensor(v) then return "a tensor" end
+  if v == nil then return "nothing" end
+  return type(v) .. " " .. tostring(v)
+end
+
+-- The list of parameters, checked: a non-empty list of live tensors, no duplicates.
+local function check_params(fn, params)
+  if type(params) ~= "table" or is_tensor(params) then
+    fail(("%s: params must be a list of tensors (model:parameters()), got %s"):format(fn, describe(params)))
+  end
+  local n = #params
+  if n == 0 then fail(fn .. ": params is an empty list") end
+  for k in pairs(params) do
+    if math.type(k) ~= "integer" or k < 1 or k > n then
+      fail(("%s: params must be a list of tensors; key %s is not a position"):format(fn, tostring(k)))
+    end
+  end
+  local list, seen = {}, {}
+  for i = 1, n do
+    local p = params[i]
+    if not is_tensor(p) then fail(("%s: params[%d] is %s, not a tensor"):format(fn, i, describe(p))) end
+    if C.is_freed(p) then fail(("%s: params[%d] was freed"):format(fn, i)) end
+    local id = C.tensor_id(p)
+    if seen[id] then fail(("%s: params[%d] appears twice in the list"):format(fn, i)) end
+    seen[id] = true
+    list[i] = p
+  end
+  return list
+end
+
+-- Options: defaults filled, unknown keys and bad values rejected with clear messages.
+local function check_number(fn, o, key, lo, lo_open, hi_open)
+  local v = o[key]
+  if type(v) ~= "number" or v ~= v then fail(("%s: %s must be a number, got %s"):format(fn, key, describe(v))) end
+  if lo and (v < lo or (lo_open and v == lo)) then
+    fail(("%s: invalid %s %s (must be %s %s)"):format(fn, key, tostring(v), lo_open and ">" or ">=", tostring(lo)))
+  end
+  if hi_open and v >= hi_open then
+    fail(("%s: invalid %s %s (must be < %s)"):format(fn, key, tostring(v), tostring(hi_open)))
+  end
+  return v
+end
+
+local function read_opts(fn, opts, defaults, known)
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then fail(("%s: options must be a table, got %s"):format(fn, describe(opts))) end
+  local o = {}
+  for k, v in pairs(opts) do
+    if defaults[k] == nil and not (known and known[k]) then
+      local names = {}
+      for name in pairs(defaults) do names[#names + 1] = name end
+      table.sort(names)
+      fail(("%s: unknown option '%s' (known: %s)"):format(fn, tostring(k), table.concat(names, ", ")))
+    end
+    o[k] = v
+  end
+  for k, v in pairs(defaults) do if o[k] == nil then o[k] = v end end
+  return o
+end
+
+local function check_betas(fn, betas)
+  if type(betas) ~= "table" or #betas ~= 2 then
+    fail(("%s: betas must be a table of two numbers such as {0.9, 0.999}, got %s"):format(fn, describe(betas)))
+  end
+  for i = 1, 2 do
+    local b = betas[i]
+    if type(b) ~= "number" or not (b >= 0 and b < 1) then
+      fail(("%s: invalid beta %d: %s (must be in [0, 1))"):format(fn, i, describe(b)))
+    end
+  end
+  return { betas[1], betas[2] }
+end
+
+---------------------------------------------------------------- the optimizer base ----
+
+local Optimizer = {}
+Optimizer.__index = Optimizer
+optim.Optimizer = Optimizer
+
+Optimizer.__tostring = function(o)
+  local keys = {}
+  for _, k in ipairs(o.hyper) do
+    local v = o[k]
+    if type(v) == "table" then v = "{" .. table.concat(v, ", ") .. "}" end
+    keys[#keys + 1] = ("%s = %s"):format(k, tostring(v))
+  end
+  return ("%s(%d parameters; %s)"):format(o.kind, #o.params, table.concat(keys, ", "))
+end
+
+local function new(kind, params, o, hyper)
+  o.kind, o.params, o.state, o.hyper, o.steps = kind, params, {}, hyper, 0
+  return setmetatable(o, Optimizer)
+end
+
+-- Zeros like p, allocated in the category "optim".
+local function state_tensor(p)
+  local shape, dtype, device = C.info(p)
+  local prev = C.set_category("optim")
+  local ok, t = pcall(C.full, shape, 0, dtype, device)
+  C.set_category(prev)
+  if not ok then error(t, 0) end
+  return t
+end
+
+-- The gradient of p as a contiguous tensor the caller frees, or nil when p has none.
+local function grad_of(p)
+  local g = C.grad(p)
+  if g and not C.is_contiguous(g) then
+    local c = C.op("copy", nil, g)
+    C.free(g)
+    g = c
+  end
+  return g
+end
+
+-- Clears the gradients of the parameters (PyTorch's default: set to none).
+function Optimizer:zero_grad()
+  for _, p in ipairs(self.params) do C.set_grad(p, nil) end
+end
+
+-- Checks the hyperparameters that may have been changed since construction.
+function Optimizer:check()
+  local fn = "optim." .. self.kind
+  check_number(fn, self, "lr", 0)
+  return self
+end
+
+-- One update of every parameter that has a gradient.
+function Optimizer:step()
+  self:check()
+  self.steps = self.steps + 1
+  for i, p in ipairs(self.params) do
+    local g = grad_of(p)
+    if g then
+      local ok, err = pcall(self._update, self, i, p, g)
+      C.free(g)
+      if not ok then error(err, 0) end
+    end
+  end
+end
+
+-- The state as a flat table of tensors ("<i>.<name>", i the parameter's position) and
+-- metadata (hyperparameters and step counts, as strings), the shapes remat.save takes:
+--   remat.save(path, opt:state_dict()); opt:load_state_dict(remat.load(path))
+function Optimizer:state_dict()
+  local tensors, meta = {}, { kind = self.kind, steps = tostring(self.steps) }
+  for _, k in ipairs(self.hyper) do
+    local v = self[k]
+    meta[k] = type(v) == "table" and table.concat(v, ",") or tostring(v)
+  end
+  for i, st in pairs(self.state) do
+    for name, v in pairs(st) do
+      if is_tensor(v) then tensors[i .. "." .. name] = v
+      else meta[i .. "." .. name] = tostring(v) end
+    end
+  end
+  return tensors, meta
+end
+
+local function parse_value(s)
+  if s == "true" then return true elseif s == "false" then return false end
+  if s:find(",") then
+    local t = {}
+    for x in s:gmatch("[^,]+") do t[#t + 1] = tonumber(x) end
+    return t
+  end
+  return tonumber(s) or s
+end
+
+-- Restores what state_dict gave (the tensors are copied into fresh "optim" tensors).
+function Optimizer:load_state_dict(tensors, meta)
+  local fn = "load_state_dict"
+  if type(tensors) ~= "table" then fail(fn .. ": expected the tensors of a state_dict, got " .. describe(tensors)) end
+  if type(meta) ~= "table" then fail(fn .. ": expected the metadata of a state_dict as the second argument") end
+  if meta.kind ~= self.kind then
+    fail(("%s: the state is of a %s, this optimizer is a %s"):format(fn, tostring(meta.kind), self.kind))
+  end
+  local state = {}
+  local function slot(i)
+    i = math.tointeger(tonumber(i))
+    if not i or i < 1 or i > #self.params then fail(fn .. ": the state names a parameter that does not exist") end
+    state[i] = state[i] or {}
+    return i
+  end
+  for key, t in pairs(tensors) do
+    local i, name = tostring(key):match("^(%d+)%.(.+)$")
+    if not i then fail(("%s: unexpected key '%s'"):format(fn, tostring(key))) end
+    i = slot(i)
+    local p = self.params[i]
+    local ps, ts = C.info(p), C.info(t)
+    if table.concat(ps, "x") ~= table.concat(ts, "x") then
+      fail(("%s: %s has size %s but parameter %d has size %s"):format(fn, key, table.concat(ts, "x"), i,
+        table.concat(ps, "x")))
+    end
+    local s = state_tensor(p)
+    C.copy_values(s, t)
+    state[i][name] = s
+  end
+  for key, v in pairs(meta) do
+    local i, name = tostring(key):match("^(%d+)%.(.+)$")
+    if i then state[slot(i)][name] = parse_value(v) end
+  end
+  for _, k in ipairs(self.hyper) do
+    if meta[k] ~= nil then self[k] = parse_value(meta[k]) end
+  end
+  self.steps = tonumber(meta.steps) or self.steps
+  self.state = state
+  return self
+end
+
+---------------------------------------------------------------- SGD ----
+
+-- optim.SGD(params, {lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false})
+function optim.SGD(params, opts)
+  local fn = "optim.SGD"
+  params = check_params(fn, params)
+  local o = read_opts(fn, opts, { lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false })
+  check_number(fn, o, "lr", 0)
+  check_number(fn, o, "momentum", 0)
+  check_number(fn, o, "dampening")
+  check_number(fn, o, "weight_decay", 0)
+  if type(o.nesterov) ~= "boolean" then fail(fn .. ": nesterov must be a boolean, got " .. describe(o.nesterov)) end
+  if o.nesterov and (o.momentum <= 0 or o.dampening ~= 0) then
+    fail(fn .. ": nesterov momentum requires a momentum and zero dampening")
+  end
+  local self = new("SGD", params, o, { "lr", "momentum", "dampening", "weight_decay", "nesterov" })
+  self._update = function(s, i, p, g)
+    local st = s.state[i]
+    local attrs = { f = { s.lr, s.momentum, s.weight_decay, s.dampening }, i = { s.nesterov and 1 or 0, 0 } }
+    if s.momentum == 0 then
+      C.op_into("sgd_step", attrs, { p, g, p }, { p, p })
+      return
+    end
+    if not st or not st.momentum_buffer then
+      st = st or {}
+      st.momentum_buffer = state_tensor(p)
+      s.state[i] = st
+      attrs.i[2] = 1
+    end
+    local b = st.momentum_buffer
+    C.op_into("sgd_step", attrs, { p, g, b }, { p, b })
+  end
+  return self
+end
+
+---------------------------------------------------------------- Adam / AdamW ----
+
+local function adam(kind, decoupled, default_wd)
+  local fn = "optim." .. kind
+  return function(params, opts)
+    params = check_params(fn, params)
+    local o = read_opts(fn, opts, { lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = default_wd },
+      { amsgrad = true })
+    if o.amsgrad then fail(fn .. ": amsgrad is not supported") end
+    o.amsgrad = nil
+    check_number(fn, o, "lr", 0)
+    check_number(fn, o, "eps", 0)
+    check_number(fn, o, "weight_decay", 0)
+    o.betas = check_betas(fn, o.betas)
+    local self = new(kind, params, o, { "lr", "betas", "eps", "weight_decay" })
+    self._update = function(s, i, p, g)
+      local st = s.state[i]
+      if not st then
+        st = { step = 0, exp_avg = state_tensor(p), exp_avg_sq = state_tensor(p) }
+        s.state[i] = st
+      end
+      st.step = st.step + 1
+      local m, v = st.exp_avg, st.exp_avg_sq
+      C.op_into("adamw_step", {
+        f = { s.lr, s.betas[1], s.betas[2], s.eps },
+        i = { st.step, decoupled and 1 or 0, C.double_bits(s.weight_decay) },
+      }, { p, g, m, v }, { p, m, v })
+    end
+    self.check = function(s)
+      Optimizer.check(s)
+      check_number(fn, s, "eps", 0)
+      check_number(fn, s, "weight_decay", 0)
+      s.betas = check_betas(fn, s.betas)
+      return s
+    end
+    return self
+  end
+end
+
+-- optim.Adam(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0}):
+-- weight decay as L2 (added to the gradient).
+optim.Adam = adam("Adam", false, 0)
+-- optim.AdamW(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01}):
+-- decoupled weight decay (the parameter shrinks by lr * weight_decay).
+optim.AdamW = adam("AdamW", true, 0.01)
+
+---------------------------------------------------------------- gradient clipping ----
+
+-- optim.clip_grad_norm(params, max_norm) -> total norm: the 2-norm of all gradients
+-- together (parameters without one are skipped). When it exceeds max_norm every
+-- gradient is scaled in place by max_norm / (total + 1e-6), as PyTorch's
+-- clip_grad_norm_ does. A single tensor counts as a list of one.
+function optim.clip_grad_norm(params, max_norm)
+  local fn = "optim.clip_grad_norm"
+  if is_tensor(params) then params = { params } end
+  params = check_params(fn, params)
+  if type(max_norm) ~= "number" or not (max_norm >= 0) then
+    fail(("%s: max_norm must be a number >= 0, got %s"):format(fn, describe(max_norm)))
+  end
+  local grads, total = {}, 0
+  local prev = C.set_category("temp")
+  local ok, err = pcall(function()
+    for _, p in ipairs(params) do
+      local g = grad_of(p)
+      if g then
+        grads[#grads + 1] = g
+        local sq = C.op("mul", nil, g, g)
+        local s = C.op("sum", { i = { DIM_ALL, 0 } }, sq)
+        total = total + C.item(s)
+        C.free(sq)
+        C.free(s)
+      end
+    end
+  end)
+  C.set_category(prev)
+  if ok then
+    total = math.sqrt(total)
+    local coef = max_norm / (total + 1e-6)
+    if coef < 1 then
+      ok, err = pcall(function()
+        for _, g in ipairs(grads) do C.op_into("mul_scalar", { f = { coef } }, { g }, { g }) end
+      end)
+    end
+  end
+  for _, g in ipairs(grads) do C.free(g) end
+  if not ok then error(err, 0) end
+  return total
+end
+
+---------------------------------------------------------------- schedules ----
+
+local schedule = {}
+optim.schedule = schedule
+
+-- schedule.warmup_cosine{warmup = W, total = N, base = lr, min = 0} -> lr(step): rises
+-- linearly from base/W at step 1 to base at step W, then follows a half cosine from
+-- base down to min at step N; steps past N stay at min. Steps count from 1.
+function schedule.warmup_cosine(o)
+  local fn = "optim.schedule.warmup_cosine"
+  if type(o) ~= "table" then fail(fn .. ": expected {warmup =, total =, base =, min =}, got " .. describe(o)) end
+  for k in pairs(o) do
+    if k ~= "warmup" and k ~= "total" and k ~= "base" and k ~= "min" then
+      fail(("%s: unknown option '%s' (warmup, total, base, min)"):format(fn, tostring(k)))
+    end
+  end
+  local warmup, total = o.warmup or 0, o.total
+  local base, min = o.base, o.min or 0
+  if type(warmup) ~= "number" or not math.tointeger(warmup) or warmup < 0 then
+    fail(fn .. ": warmup must be an integer >= 0, got " .. describe(o.warmup))
+  end
+  if type(total) ~= "number" or not math.tointeger(total) or total < 1 then
+    fail(fn .. ": total must be an integer >= 1, got " .. describe(total))
+  end
+  if warmup > total then fail(("%s: warmup (%d) is longer than total (%d)"):format(fn, warmup, total)) end
+  if type(base) ~= "number" or not (base >= 0) then fail(fn .. ": base must be a learning rate >= 0, got " .. describe(base)) end
+  if type(min) ~= "number" or not (min >= 0 and min <= base) then
+    fail(fn .. ": min must be a number in [0, base], got " .. describe(o.min))
+  end
+  return function(step)
+    if type(step) ~= "number" then fail("schedule: step must be a number, got " .. describe(step)) end
+    if warmup > 0 and step <= warmup then return base * math.max(step, 1) / warmup end
+    if step >= total then return min end
+    local t = (step - warmup) / (total - warmup)
+    return min + (base - min) * 0.5 * (1 + math.cos(math.pi * t))
+  end
+end
+
+-- schedule.constant(lr) -> lr(step) = lr.
+function schedule.constant(lr)
+  if type(lr) ~= "number" or not (lr >= 0) then
+    fail("optim.schedule.constant: lr must be a number >= 0, got " .. describe(lr))
+  end
+  return function() return lr end
+end
+
+-- optim.scheduler(opt, fn) -> object whose :step() sets opt.lr = fn(k) for the k-th
+-- call (call it before each opt:step(): the first update uses fn(1)); :lr() tells.
+function optim.scheduler(opt, fn)
+  if getmetatable(opt) ~= Optimizer then fail("optim.scheduler: expected an optimizer, got " .. describe(opt)) end
+  if type(fn) ~= "function" then fail("optim.scheduler: expected a schedule function, got " .. describe(fn)) end
+  local s = { k = 0 }
+  function s.step()
+    s.k = s.k + 1
+    opt.lr = fn(s.k)
+    return opt.lr
+  end
+  function s.lr() return opt.lr end
+  return s
+end
+
+return optim
