@@ -143,6 +143,13 @@ int rm_tensor_data_ready(rm_ctx *ctx, rm_tensor *t) {
   return RM_OK;
 }
 
+int rm_tensor_host_ready(rm_ctx *ctx, rm_tensor *t) {
+  int rc = rm_tensor_data_ready(ctx, t);
+  if (rc == RM_OK && t->storage->phantom)
+    rc = rm_fail(ctx, RM_ERR_STATE, "tensor values cannot be read during a planning dry run (model:plan, budget policies)");
+  return rc;
+}
+
 int64_t rm_tensor_numel(const rm_tensor *t) {
   int64_t n = 1;
   for (int i = 0; i < t->ndim; i++) n *= t->shape[i];

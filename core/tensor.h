@@ -53,6 +53,9 @@ void rm_tensor_drop(rm_ctx *ctx, rm_tensor *t);
 
 /* Makes sure t has its data, recomputing it from the tape when it was evicted. */
 int rm_tensor_data_ready(rm_ctx *ctx, rm_tensor *t);
+/* As rm_tensor_data_ready, and errors when there is no real data behind t (a tensor
+ * of a planning dry run): for code that reads or writes the bytes themselves. */
+int rm_tensor_host_ready(rm_ctx *ctx, rm_tensor *t);
 /* Drops t's storage if it can be recomputed and nothing pins it. */
 void rm_tensor_evict(rm_ctx *ctx, rm_tensor *t);
 bool rm_tensor_recomputable(const rm_tensor *t);

@@ -121,7 +121,7 @@ static void read_rows(lua_State *L, int idx, int64_t start, int64_t count, int64
     if (start + count - 1 > t->shape[0])
       rm_lua_errorf(L, "%s: entries %d..%d are past the %d indices", fn, (int)start, (int)(start + count - 1),
                     (int)t->shape[0]);
-    if (rm_tensor_data_ready(rm_lua_ctx(L), t) != RM_OK) rm_lua_fail(L, fn);
+    if (rm_tensor_host_ready(rm_lua_ctx(L), t) != RM_OK) rm_lua_fail(L, fn);
     const char *p = rm_tensor_ptr(t);
     for (int64_t k = 0; k < count; k++) {
       int64_t at = (start - 1 + k) * t->stride[0];

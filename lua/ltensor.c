@@ -231,7 +231,7 @@ static double elem(const rm_tensor *t, int64_t i) {
 /* A CPU tensor with the data of t (t itself, held, when already on the CPU). */
 static rm_tensor *on_cpu(lua_State *L, rm_tensor *t, const char *fn) {
   rm_ctx *ctx = rm_lua_ctx(L);
-  if (rm_tensor_data_ready(ctx, t)) rm_lua_fail(L, fn);
+  if (rm_tensor_host_ready(ctx, t)) rm_lua_fail(L, fn);
   if (t->device == RM_CPU && t->dtype != RM_BF16 && t->dtype != RM_F16) {
     rm_tensor_hold(t);
     return t;
@@ -371,7 +371,7 @@ static void assign(lua_State *L, rm_tensor *dst, int vidx, const char *fn) {
                   rm_device_name(dst->device));
   if (dst->dtype != RM_F32 && dst->dtype != RM_F64)
     rm_lua_errorf(L, "%s: writing into a %s tensor is not supported", fn, rm_dtype_name(dst->dtype));
-  if (rm_tensor_data_ready(ctx, dst)) rm_lua_fail(L, fn);
+  if (rm_tensor_host_ready(ctx, dst)) rm_lua_fail(L, fn);
   int64_t n = rm_tensor_numel(dst);
   char *pd = rm_tensor_ptr(dst);
   if (lua_type(L, vidx) == LUA_TNUMBER) {
@@ -409,7 +409,7 @@ static void assign(lua_State *L, rm_tensor *dst, int vidx, const char *fn) {
   if (!ok)
     rm_lua_errorf(L, "%s: cannot assign a tensor of size %s to a view of size %s", fn,
                   rm_tensor_shape_str(src, s1, sizeof s1), rm_tensor_shape_str(dst, s2, sizeof s2));
-  if (rm_tensor_data_ready(ctx, src)) rm_lua_fail(L, fn);
+  if (rm_tensor_host_ready(ctx, src)) rm_lua_fail(L, fn);
   /* a source sharing dst's storage is read from a copy, so overlapping writes are safe */
   rm_tensor *tmp = NULL;
   if (src->storage == dst->storage) {
@@ -452,7 +452,7 @@ static int l_copy_into(lua_State *L) {
   rm_tensor *src = rm_lua_test_tensor(L, 2);
   if (src && rm_same_shape(src, dst) && src->dtype == dst->dtype && src->device == dst->device &&
       rm_tensor_is_contiguous(dst) && src->storage != dst->storage) {
-    if (rm_tensor_data_ready(ctx, dst)) return rm_lua_fail(L, "copy_");
+    if (rm_tensor_host_ready(ctx, dst)) return rm_lua_fail(L, "copy_");
     rm_tensor *in1[1] = { src }, *out1[1] = { dst };
     if (rm_op_into(ctx, RM_OP_COPY, 1, in1, NULL, 1, out1) != RM_OK) return rm_lua_fail(L, "copy_");
   } else {
