@@ -89,7 +89,7 @@ run: deps all
 	$(BUILD)/remat models/mlp.lua
 
 check-mem:
-	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT=-O1 CUDA=0 all
+	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" OPT=-O1 CUDA=0 all
 	LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/spec/?.lua;;" LUA_CPATH="$(CURDIR)/build-asan/?.so;;" \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/spec/support/lsan.supp \

@@ -91,6 +91,7 @@ static int by_mem_then_cost(const void *a, const void *b) {
 static void prune(dp_pos *p, double grid) {
   if (p->n > RM_DP_MAX_STATES && grid > 0)
     for (int i = 0; i < p->n; i++) p->s[i].mem = grid * (double)(long long)(p->s[i].mem / grid + 0.999999);
+  if (p->n == 0) return;
   qsort(p->s, (size_t)p->n, sizeof *p->s, by_mem_then_cost);
   int w = 0;
   for (int i = 0; i < p->n; i++)
