@@ -97,3 +97,44 @@ check-mem:
 
 clean:
 	rm -rf $(BUILD) build-asan
+
+# ---- Hosts: examples, pkg-config, install ----
+# C programs that embed remat (examples/host). They link the static archive whole:
+# op definitions and CPU kernels are found through weak symbols, which would not pull
+# their archive members in on their own. (A host may link libremat.so instead.)
+EXAMPLE_SRC := $(wildcard examples/host/*.c)
+EXAMPLE_BIN := $(patsubst examples/host/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC))
+
+examples: $(EXAMPLE_BIN)
+
+$(BUILD)/examples/%: examples/host/%.c core/remat.h $(BUILD)/libremat.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< -Wl,--whole-archive $(BUILD)/libremat.a -Wl,--no-whole-archive $(LDLIBS)
+
+# remat.pc for hosts (pkg-config --cflags --libs remat), and `make install`, which a
+# rockspec (build type make) drives with INST_LIBDIR / INST_BINDIR set.
+PREFIX       ?= /usr/local
+INST_LIBDIR  ?= $(PREFIX)/lib/lua/5.4
+INST_BINDIR  ?= $(PREFIX)/bin
+INST_INCDIR  ?= $(PREFIX)/include
+INST_CLIBDIR ?= $(PREFIX)/lib
+REMAT_VER    := $(shell sed -n 's/^\#define REMAT_VERSION "\(.*\)"/\1/p' core/remat.h)
+
+.PHONY: pkgconfig install
+pkgconfig: $(BUILD)/remat.pc
+
+$(BUILD)/remat.pc: remat.pc.in core/remat.h Makefile
+	@mkdir -p $(BUILD)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(INST_CLIBDIR)|g' -e 's|@INCDIR@|$(INST_INCDIR)|g' \
+	    -e 's|@VERSION@|$(REMAT_VER)|g' -e 's|@LIBS_PRIVATE@|$(strip $(PKG_LIBS) -lz -lm -ldl -fopenmp)|g' $< > $@
+
+install: all pkgconfig
+	install -d $(DESTDIR)$(INST_LIBDIR) $(DESTDIR)$(INST_BINDIR) $(DESTDIR)$(INST_INCDIR) \
+	  $(DESTDIR)$(INST_CLIBDIR)/pkgconfig
+	install -m 755 $(BUILD)/remat.so $(DESTDIR)$(INST_LIBDIR)/remat.so
+	install -m 755 $(BUILD)/remat $(DESTDIR)$(INST_BINDIR)/remat
+	install -m 644 core/remat.h $(DESTDIR)$(INST_INCDIR)/remat.h
+	install -m 644 $(BUILD)/libremat.a $(DESTDIR)$(INST_CLIBDIR)/libremat.a
+	install -m 755 $(BUILD)/libremat.so $(DESTDIR)$(INST_CLIBDIR)/libremat.so
+	install -m 644 $(BUILD)/remat.pc $(DESTDIR)$(INST_CLIBDIR)/pkgconfig/remat.pc
+	$(if $(CUDA_TARGET),install -m 755 $(CUDA_TARGET) $(DESTDIR)$(INST_CLIBDIR)/)

@@ -1,26 +1,66 @@
-/* remat: the C API for host programs.
+/* remat: the C API for host programs (a game editor, an engine tool, a server).
  *
  * A host creates a context, opens remat into its own lua_State tied to that context,
- * and runs Lua that trains. Nothing here exits, aborts, prints or longjmps through the
- * host's frames: every call returns a status (RM_OK == 0) and leaves a message on the
- * context (rm_errmsg). Threads: a context, and every lua_State opened on it, is used
- * from one thread at a time; different contexts may run on different threads. */
+ * and runs Lua that trains, a slice per frame if it likes (rm_lua_slice, and
+ * remat.train.stepper on the Lua side). The host owns the process: remat has no global
+ * mutable state, never exits, aborts or prints (text it wants to show goes to the log
+ * callback), and never longjmps through the host's C frames: every function below
+ * returns a status (RM_OK == 0) or a value, and leaves a message on the context
+ * (rm_errmsg). The one exception is luaopen_remat, a lua_CFunction: like every Lua
+ * open function it raises a Lua error on failure (run it under lua_pcall, or use
+ * rm_lua_open, which returns a status).
+ *
+ * Memory: every host-side allocation a context makes (the context itself, storage and
+ * tape bookkeeping, file buffers of the library) comes from its rm_host_alloc.
+ * Tensor data comes from the device backend (CPU: aligned blocks; CUDA: the device).
+ * A lua_State's own memory comes from the lua_Alloc the host gave lua_newstate.
+ *
+ * Threads: a context, and every lua_State opened on it, is used from one thread at a
+ * time (no internal locking; hand it over with the host's own synchronisation).
+ * Different contexts may be used from different threads at once: they share nothing
+ * but read-only tables (op registry, kernels). CPU kernels use OpenMP and OpenBLAS
+ * worker threads, which are process-wide (set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS
+ * to leave cores to the host's own threads); the log callback is always called on the
+ * thread that made the call that logs. */
 #ifndef REMAT_H
 #define REMAT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define REMAT_VERSION "0.1.0"
+#define REMAT_VERSION_MAJOR 0
+#define REMAT_VERSION_MINOR 1
+#define REMAT_VERSION_PATCH 0
+
+/* Status codes (also core/types.h's rm_status, which defines them when included
+ * first). RM_OK is 0; every error is positive. */
+#if !defined(REMAT_TYPES_H) && !defined(REMAT_STATUS_DEFINED)
+#define REMAT_STATUS_DEFINED
+typedef enum {
+  RM_OK = 0,
+  RM_ERR_ARG,      /* bad argument: type, range, unknown name */
+  RM_ERR_SHAPE,    /* shapes do not agree */
+  RM_ERR_DTYPE,    /* dtypes do not agree or are not supported */
+  RM_ERR_DEVICE,   /* devices do not agree, or the device is unavailable */
+  RM_ERR_OOM,      /* allocation failed or exceeded the limit */
+  RM_ERR_IO,       /* file or format error */
+  RM_ERR_STATE,    /* freed tensor, released data, misuse of the tape */
+  RM_ERR_RUNTIME   /* backend failure, or an error raised by Lua code */
+} rm_status;
+#endif
 
 typedef struct rm_ctx rm_ctx;
 struct lua_State;
 
-/* Host allocator: malloc/realloc/free with a user pointer. realloc(ud, NULL, 0, n)
- * allocates; free gets the size that was asked for. Any NULL member: the C library's. */
+/* Host allocator: malloc/realloc/free with a user pointer. realloc(ud, p, old_n, new_n)
+ * resizes, and allocates when p is NULL (old_n 0); free gets the size last asked for. Any NULL member: the C library's (give all three or none, so that one
+ * allocator frees what it allocated). The functions are called on the thread using
+ * the context. */
 typedef struct rm_host_alloc {
   void *(*alloc)(void *ud, size_t n);
   void *(*realloc)(void *ud, void *p, size_t old_n, size_t new_n);
@@ -28,31 +68,88 @@ typedef struct rm_host_alloc {
   void *ud;
 } rm_host_alloc;
 
-/* Log callback: the only way remat ever writes text on its own. level 0 info, 1 warn. */
+/* Log callback: the only way remat ever writes text on its own. level: RM_LOG_*.
+ * msg is valid during the call only and has no trailing newline. */
 typedef void (*rm_log_fn)(void *ud, int level, const char *msg);
+#define RM_LOG_INFO 0
+#define RM_LOG_WARN 1
+#define RM_LOG_ERROR 2
 
-/* Creates a context. alloc and log may be NULL. Returns NULL only when the allocator
+/* ---- contexts (core/ctx.c, core/host.c) ---- */
+
+/* Creates a context; alloc and log may be NULL. Returns NULL only when the allocator
  * itself fails. */
 rm_ctx *rm_ctx_new(const rm_host_alloc *alloc, rm_log_fn log, void *log_ud);
-/* Destroys a context; every byte it took from the host allocator is given back. */
+/* Destroys a context (NULL is fine); every byte it took from the host allocator is
+ * given back. Close the lua_States opened on it first. */
 void rm_ctx_free(rm_ctx *ctx);
+/* Replaces the log callback (NULL: silent). Returns RM_OK. */
+int rm_set_log(rm_ctx *ctx, rm_log_fn log, void *log_ud);
+/* Sends a printf-style message to the context's log callback; nothing when none. */
+void rm_log(rm_ctx *ctx, int level, const char *fmt, ...)
+#if defined(__GNUC__)
+  __attribute__((format(printf, 3, 4)))
+#endif
+  ;
+
 /* The last error message on ctx ("" when none). Valid until the next failing call. */
 const char *rm_errmsg(const rm_ctx *ctx);
-/* Sets the memory limit in bytes for a device (0 = CPU, 1 = CUDA); 0 removes it. */
+/* The status of the last failure on ctx (RM_OK when none since the last clear). */
+int rm_errcode(const rm_ctx *ctx);
+/* Forgets the last error (rm_errmsg "" and rm_errcode RM_OK afterwards). */
+void rm_clear_error(rm_ctx *ctx);
+/* A short name for a status ("ok", "out of memory", ...); "unknown status" otherwise. */
+const char *rm_status_name(int status);
+
+/* Sets the memory limit in bytes for a device (0 = CPU, 1 = CUDA); 0 removes it.
+ * Returns RM_OK or RM_ERR_DEVICE. */
 int rm_set_memory_limit(rm_ctx *ctx, int device, size_t bytes);
-/* Live and peak bytes (all categories) on a device. */
+/* The memory limit of a device in bytes (0: none, or an unknown device). */
+size_t rm_memory_limit(const rm_ctx *ctx, int device);
+/* Live and peak bytes (all categories) of tensor storage on a device. */
 size_t rm_memory_live(const rm_ctx *ctx, int device);
 size_t rm_memory_peak(const rm_ctx *ctx, int device);
 
+/* Seeds the context's random generator (as remat.manual_seed). Returns RM_OK. */
+int rm_manual_seed(rm_ctx *ctx, uint64_t seed);
+/* Reads the generator state (seed and counter offset); either pointer may be NULL.
+ * Returns RM_OK. */
+int rm_rng_state(const rm_ctx *ctx, uint64_t *seed, uint64_t *offset);
+
+/* ---- Lua (lua/lremat.c, lua/lhost.c) ---- */
+
 /* Opens remat into L bound to ctx, leaving the module table on the stack (like
- * luaL_requiref). The ctx must outlive L. Returns RM_OK or an error status. */
+ * luaL_requiref; lua_setglobal(L, "remat") to name it). The ctx must outlive L.
+ * Several lua_States may each be opened on their own context. Returns RM_OK or an
+ * error status (nothing pushed then). */
 int rm_lua_open(struct lua_State *L, rm_ctx *ctx);
 /* lua_CFunction for luaL_requiref(L, "remat", luaopen_remat, 0): opens remat with a
- * context of its own, owned by (and freed with) that lua_State. */
+ * context of its own, owned by (and freed with) that lua_State; raises on failure. */
 int luaopen_remat(struct lua_State *L);
-/* Runs a Lua file (or a chunk when is_code) in L; on error the message goes to ctx and
- * the status is returned; L stays usable. */
+/* The context L was opened on (by rm_lua_open or luaopen_remat), or NULL. */
+rm_ctx *rm_lua_context(struct lua_State *L);
+/* Runs a Lua file (or a chunk when is_code) in L; on error the message (with a
+ * traceback) goes to ctx and the status is returned; L stays usable. */
 int rm_lua_run(struct lua_State *L, rm_ctx *ctx, const char *file_or_code, int is_code);
+/* As rm_lua_run, but leaves nresults results of the chunk on the stack on success
+ * (LUA_MULTRET-style -1: all of them); nothing pushed on error. */
+int rm_lua_exec(struct lua_State *L, rm_ctx *ctx, const char *file_or_code, int is_code,
+                int nresults);
+
+/* What one slice of training did (rm_lua_slice). */
+typedef struct rm_slice {
+  int steps;         /* optimizer steps completed in this slice */
+  int units;         /* units run (steps, or micro-batches when the stepper has several) */
+  int64_t total;     /* steps completed since the stepper was made */
+  double ms;         /* wall-clock milliseconds the slice took */
+  double loss;       /* loss of the last completed step (NaN before the first) */
+  int done;          /* 1 when the stepper has finished (step count or data exhausted) */
+} rm_slice;
+
+/* Runs stepper:run_for(budget_ms) on the remat.train stepper at stack index idx of L
+ * and fills *out (out may be NULL). An error in the training code (or a stepper that
+ * already failed) returns RM_ERR_RUNTIME with the message on ctx; L stays usable. */
+int rm_lua_slice(struct lua_State *L, rm_ctx *ctx, int idx, double budget_ms, rm_slice *out);
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,7 @@ void rm_lua_open_nn(lua_State *L);
 void rm_lua_open_io(lua_State *L);
 void rm_lua_open_autograd(lua_State *L);
 void rm_lua_open_plan(lua_State *L);
+void rm_lua_open_host(lua_State *L);
 void rm_lua_open_optim(lua_State *L);
 
 #endif

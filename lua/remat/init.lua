@@ -8,4 +8,5 @@ require "remat.nn"
 require "remat.optim"
 require "remat.policy"
 require "remat.checkpoint"
+require "remat.train"
 return remat

@@ -1,0 +1,57 @@
+/* The parts of the host API (core/remat.h) that are not the context's lifetime:
+ * logging, error codes, limits and the generator, all read or written on one ctx. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "ctx.h"
+
+int rm_set_log(rm_ctx *ctx, rm_log_fn log, void *log_ud) {
+  ctx->log = log;
+  ctx->log_ud = log_ud;
+  return RM_OK;
+}
+
+/* Formats into a stack buffer: logging must not allocate (it may report that the
+ * allocator failed). Longer messages are cut. */
+void rm_log(rm_ctx *ctx, int level, const char *fmt, ...) {
+  if (!ctx || !ctx->log) return;
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  ctx->log(ctx->log_ud, level, buf);
+}
+
+int rm_errcode(const rm_ctx *ctx) { return ctx ? ctx->err_code : RM_ERR_ARG; }
+
+const char *rm_status_name(int status) {
+  switch (status) {
+  case RM_OK: return "ok";
+  case RM_ERR_ARG: return "bad argument";
+  case RM_ERR_SHAPE: return "shape mismatch";
+  case RM_ERR_DTYPE: return "dtype mismatch";
+  case RM_ERR_DEVICE: return "device error";
+  case RM_ERR_OOM: return "out of memory";
+  case RM_ERR_IO: return "i/o error";
+  case RM_ERR_STATE: return "invalid state";
+  case RM_ERR_RUNTIME: return "runtime error";
+  default: return "unknown status";
+  }
+}
+
+size_t rm_memory_limit(const rm_ctx *ctx, int device) {
+  return (device >= 0 && device < RM_DEVICE_COUNT) ? ctx->mem[device].limit : 0;
+}
+
+int rm_manual_seed(rm_ctx *ctx, uint64_t seed) {
+  ctx->rng_seed = seed;
+  ctx->rng_offset = 0;
+  return RM_OK;
+}
+
+int rm_rng_state(const rm_ctx *ctx, uint64_t *seed, uint64_t *offset) {
+  if (seed) *seed = ctx->rng_seed;
+  if (offset) *offset = ctx->rng_offset;
+  return RM_OK;
+}
