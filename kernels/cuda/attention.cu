@@ -226,7 +226,7 @@ static int att_geometry(rm_ctx *ctx, const char *op, rm_tensor *const *in, const
   g->hd = (int)q->shape[q->ndim - 1];
   g->Tq = q->shape[q->ndim - 2];
   g->Tk = k->shape[k->ndim - 2];
-  g->bh = g->Tq * g->hd ? cu_numel(q) / (g->Tq * g->hd) : 0;
+  g->bh = (g->Tq > 0 && g->hd > 0) ? cu_numel(q) / (g->Tq * g->hd) : 0;
   g->causal = a->i[0] != 0;
   g->scale = (float)(a->f[0] != 0 ? a->f[0] : 1.0 / sqrt((double)(g->hd ? g->hd : 1)));
   if (g->hd > 128) return cu_fail(ctx, RM_ERR_SHAPE, "%s: head dim %d is larger than 128 (cuda)", op, g->hd);
