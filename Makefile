@@ -49,12 +49,14 @@ $(BUILD)/obj/lua_embedded.o: $(BUILD)/lua_embedded.c
 $(BUILD)/libremat.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
+# -z nodelete: Lua unloads C modules at lua_close, which would pull code from under
+# OpenMP's worker threads.
 $(BUILD)/libremat.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(CC) -shared -Wl,-z,nodelete -o $@ $^ $(LDLIBS)
 
 # The Lua module: `require "remat"` finds luaopen_remat here.
 $(BUILD)/remat.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(CC) -shared -Wl,-z,nodelete -o $@ $^ $(LDLIBS)
 
 $(BUILD)/remat: lua/main.c lua/repl.c $(LIB_OBJ)
 	$(CC) $(CFLAGS) -o $@ lua/main.c lua/repl.c $(LIB_OBJ) $(LDLIBS) -lreadline -Wl,-E
@@ -138,3 +140,26 @@ install: all pkgconfig
 	install -m 755 $(BUILD)/libremat.so $(DESTDIR)$(INST_CLIBDIR)/libremat.so
 	install -m 644 $(BUILD)/remat.pc $(DESTDIR)$(INST_CLIBDIR)/pkgconfig/remat.pc
 	$(if $(CUDA_TARGET),install -m 755 $(CUDA_TARGET) $(DESTDIR)$(INST_CLIBDIR)/)
+
+# Data parallelism (remat.dist): the MPI backend is its own shared object, built when
+# Open MPI is found (pkg-config ompi-c) and dlopen'ed by remat.dist.init(), so remat
+# builds and runs without MPI. With nccl.h (the CUDA toolkit) it also carries the NCCL
+# path for CUDA tensors; libnccl and libcudart are opened at run time. MPI=0|1 forces.
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
+MPI ?= $(if $(MPI_LIBS),1,0)
+NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/local/cuda/include/nccl.h /usr/include/nccl.h))
+NCCL_FLAGS := $(if $(NCCL_H),-DREMAT_NCCL -isystem $(dir $(NCCL_H)) $(if $(CUDA_HOME),-isystem $(CUDA_HOME)/include) -isystem /usr/local/cuda/include)
+MPI_TARGET := $(if $(filter 1,$(MPI)),$(BUILD)/libremat_mpi.so)
+MPIRUN ?= mpirun --allow-run-as-root --oversubscribe
+all: $(MPI_TARGET)
+
+$(BUILD)/libremat_mpi.so: dist/mpi.c dist/nccl.c dist/dist_api.h
+	@mkdir -p $(BUILD)
+	$(CC) -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fPIC -shared -fvisibility=hidden $(SAN) \
+	  $(MPI_CFLAGS) $(NCCL_FLAGS) -o $@ dist/mpi.c $(MPI_LIBS) -ldl
+
+.PHONY: run-dist
+# Trains the default model (models/mlp.lua's) data-parallel on 2 processes.
+run-dist: deps all
+	$(MPIRUN) -np 2 $(BUILD)/remat dist/train.lua $(ARGS)
