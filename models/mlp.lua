@@ -19,7 +19,7 @@ local remat = require "remat"
 local nn, optim, policy = remat.nn, remat.optim, remat.policy
 local fmt = remat.memory.format
 
-local argv = arg or {}
+local argv = { ... } -- as `remat SCRIPT args` and `remat plan` pass them
 
 local function usage(msg)
   io.stderr:write("models/mlp.lua: ", msg, "\n",

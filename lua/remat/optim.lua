@@ -32,12 +32,12 @@ local function check_params(fn, params)
     fail(("%s: params must be a list of tensors (model:parameters()), got %s"):format(fn, describe(params)))
   end
   local n = #params
-  if n == 0 then fail(fn .. ": params is an empty list") end
   for k in pairs(params) do
     if math.type(k) ~= "integer" or k < 1 or k > n then
       fail(("%s: params must be a list of tensors; key %s is not a position"):format(fn, tostring(k)))
     end
   end
+  if n == 0 then fail(fn .. ": params is an empty list") end
   local list, seen = {}, {}
   for i = 1, n do
     local p = params[i]
