@@ -149,19 +149,26 @@ end
 -- (function(y_hat, y) -> scalar tensor; default nn.cross_entropy), steps (stop after
 -- this many; default: until data runs out), micro_batches (gradient accumulation,
 -- a yield between each; default 1), budget_ms (run_for's default; default 8).
+-- clock (a function returning seconds, default remat.now: a host may pass its own).
 -- loop: a function(yield) running any training loop; it calls yield(loss) after each
--- step (loss: a number) and may call yield() between the parts of a step.
+-- step (loss: a number) and may call yield() between the parts of a step. Given as
+-- stepper(loop) or stepper{ loop = loop, steps =, budget_ms =, clock = }.
 function train.stepper(o)
   local fn = "remat.train.stepper"
   local body, opts
   if type(o) == "function" then
     body, opts = o, {}
+  elseif type(o) == "table" and o.loop ~= nil then
+    if type(o.loop) ~= "function" then fail(fn .. ": loop must be a function(yield), got " .. type(o.loop)) end
+    body, opts = o.loop, o
   elseif type(o) == "table" then
     opts = o
     body = standard_loop(fn, o)
   else
     fail(fn .. ": expected a table of options or a loop function(yield), got " .. type(o))
   end
+  local clock = opts.clock or now
+  if not callable(clock) then fail(fn .. ": clock must be a function returning seconds, got " .. type(clock)) end
   local steps = opts.steps
   if steps ~= nil and (math.type(steps) ~= "integer" or steps < 0) then
     fail(("%s: steps must be a non-negative integer, got %s"):format(fn, tostring(steps)))
@@ -179,6 +186,7 @@ function train.stepper(o)
     max_ms = 0,         -- the longest unit so far
     budget_ms = budget,
     max_steps = steps,
+    clock = clock,
     done = steps == 0,
     error = nil,        -- the error (with the loop's traceback) that ended it
   }, Stepper)
@@ -198,9 +206,9 @@ end
 function Stepper:resume()
   if self.error then error(self.error, 0) end
   if self.done then return nil end
-  local t0 = now()
+  local t0 = self.clock()
   local ok, v = coroutine.resume(self.thread)
-  local dt = now() - t0
+  local dt = self.clock() - t0
   self.time = self.time + dt
   if not ok then
     self.error = debug.traceback(self.thread, tostring(v))
@@ -243,7 +251,9 @@ function Stepper:run_for(ms)
   if type(ms) ~= "number" or not (ms >= 0) then
     fail("stepper:run_for: ms must be a number >= 0, got " .. tostring(ms))
   end
-  local t0 = now()
+  if self.error then error(self.error, 0) end
+  local clock = self.clock
+  local t0 = clock()
   local deadline = t0 + ms / 1000
   local steps, units = 0, 0
   while not self.done do
@@ -251,9 +261,9 @@ function Stepper:run_for(ms)
     if kind == nil then break end
     units = units + 1
     if kind == "step" then steps = steps + 1 end
-    if now() + (self.unit_ms or 0) / 1000 > deadline then break end
+    if clock() + (self.unit_ms or 0) / 1000 > deadline then break end
   end
-  local spent = (now() - t0) * 1000
+  local spent = (clock() - t0) * 1000
   return { steps = steps, units = units, ms = spent, loss = self.loss, total = self.steps,
            done = self.done, over = spent > ms }
 end
