@@ -122,10 +122,11 @@ INST_INCDIR  ?= $(PREFIX)/include
 INST_CLIBDIR ?= $(PREFIX)/lib
 REMAT_VER    := $(shell sed -n 's/^\#define REMAT_VERSION "\(.*\)"/\1/p' core/remat.h)
 
-.PHONY: pkgconfig install
+.PHONY: pkgconfig install remat-pc-force
 pkgconfig: $(BUILD)/remat.pc
 
-$(BUILD)/remat.pc: remat.pc.in core/remat.h Makefile
+# Remade every time: its paths come from PREFIX / INST_* of this make invocation.
+$(BUILD)/remat.pc: remat.pc.in core/remat.h remat-pc-force
 	@mkdir -p $(BUILD)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(INST_CLIBDIR)|g' -e 's|@INCDIR@|$(INST_INCDIR)|g' \
 	    -e 's|@VERSION@|$(REMAT_VER)|g' -e 's|@LIBS_PRIVATE@|$(strip $(PKG_LIBS) -lz -lm -ldl -fopenmp)|g' $< > $@

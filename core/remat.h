@@ -10,10 +10,12 @@
  * open function it raises a Lua error on failure (run it under lua_pcall, or use
  * rm_lua_open, which returns a status).
  *
- * Memory: every host-side allocation a context makes (the context itself, storage and
- * tape bookkeeping, file buffers of the library) comes from its rm_host_alloc.
- * Tensor data comes from the device backend (CPU: aligned blocks; CUDA: the device).
- * A lua_State's own memory comes from the lua_Alloc the host gave lua_newstate.
+ * Memory: the context's own allocations (the context, storage headers, tape nodes,
+ * modules, plans, file-format buffers) come from its rm_host_alloc. Tensor data comes
+ * from the device backend (CPU: 64-byte aligned blocks from the C library; CUDA: the
+ * device), counted by rm_memory_live and capped by rm_set_memory_limit. The C library
+ * and zlib keep their own buffers while a file is read or written. A lua_State's own
+ * memory comes from the lua_Alloc the host gave lua_newstate.
  *
  * Threads: a context, and every lua_State opened on it, is used from one thread at a
  * time (no internal locking; hand it over with the host's own synchronisation).
