@@ -334,8 +334,13 @@ function optim.clip_grad_norm(params, max_norm)
         grads[#grads + 1] = g
         local sq = C.op("mul", nil, g, g)
         local s = C.op("sum", { i = { DIM_ALL, 0 } }, sq)
-        total = total + C.item(s)
         C.free(sq)
+        if select(3, C.info(s)) ~= "cpu" then
+          local h = C.to_device(s, "cpu")
+          C.free(s)
+          s = h
+        end
+        total = total + C.item(s)
         C.free(s)
       end
     end
