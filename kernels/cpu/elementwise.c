@@ -2,8 +2,8 @@
  * the output shape (stride 0 along broadcast dims); outputs are contiguous.
  *
  * Two paths: when every input is contiguous, one flat loop (OpenMP + SIMD); otherwise a
- * strided walk (ew_walk) that merges dims, then runs the innermost dim with
- * its own stride in blocks, so no per-element offset arithmetic is done.
+ * strided walk (ew_walk) that merges dims, then runs the innermost dim with its own
+ * stride, in blocks or tiles, so no per-element offset arithmetic is done.
  *
  * NaN and infinities propagate as IEEE arithmetic does, with these choices: relu(NaN) and
  * maximum(NaN, x) are NaN; gelu/silu and their derivatives take their limits at +-inf
@@ -57,21 +57,25 @@ DEF_FNS(double, d)
 
 #define WALK_MAX 3        /* operands (inputs) of a walk */
 #define WALK_BLOCK 4096   /* elements of the innermost dim per work item */
+#define WALK_TILE 16      /* tile side when an input is read across its rows */
 
 /* The output shape with dims of size 1 dropped and adjacent dims merged wherever every
- * input allows it; the innermost dim is cut in blocks, so a work item is (row, block):
- * OpenMP gets work even when there is a single long row. */
+ * input allows it. A work item is a tile of `rows` dim x innermost dim: one row of up
+ * to WALK_BLOCK elements normally (OpenMP gets work even from one long row), or a
+ * WALK_TILE square when some input has a non-unit innermost stride (a transposed
+ * view), so that the cache lines it touches are reused across the tile's rows. */
 typedef struct {
-  int ndim;                               /* outer dims (all but the innermost) */
+  int nouter;                             /* dims above the two innermost */
   int64_t shape[RM_MAX_DIM];
   int64_t stride[WALK_MAX][RM_MAX_DIM];
-  int64_t inner, inner_stride[WALK_MAX];
-  int64_t nblk, items;
+  int64_t rows, row_stride[WALK_MAX];     /* second innermost dim (1 when none) */
+  int64_t inner, inner_stride[WALK_MAX];  /* innermost dim */
+  int64_t rb, cb, nrb, ncb, items;        /* tile size, tiles per row/column, total */
 } ew_walk;
 
 static void walk_init(ew_walk *w, int nop, rm_tensor *const *in, const rm_tensor *out) {
   int nd = 0;
-  int64_t shape[RM_MAX_DIM], st[WALK_MAX][RM_MAX_DIM];
+  int64_t shape[RM_MAX_DIM + 1], st[WALK_MAX][RM_MAX_DIM + 1];
   for (int d = 0; d < out->ndim; d++) {
     int64_t size = out->shape[d];
     if (size == 1) continue;
@@ -87,34 +91,51 @@ static void walk_init(ew_walk *w, int nop, rm_tensor *const *in, const rm_tensor
       nd++;
     }
   }
-  if (nd == 0) {
+  /* pad to two dims (rows x inner) with leading size-1 dims */
+  while (nd < 2) {
+    for (int d = nd; d > 0; d--) {
+      shape[d] = shape[d - 1];
+      for (int k = 0; k < nop; k++) st[k][d] = st[k][d - 1];
+    }
     shape[0] = 1;
     for (int k = 0; k < nop; k++) st[k][0] = 0;
-    nd = 1;
+    nd++;
   }
-  w->ndim = nd - 1;
+  w->nouter = nd - 2;
+  w->rows = shape[nd - 2];
   w->inner = shape[nd - 1];
-  int64_t rows = 1;
-  for (int d = 0; d < nd - 1; d++) {
+  int64_t outer = 1;
+  for (int d = 0; d < nd - 2; d++) {
     w->shape[d] = shape[d];
-    rows *= shape[d];
+    outer *= shape[d];
   }
+  bool tile = false;
   for (int k = 0; k < WALK_MAX; k++) {
+    w->row_stride[k] = k < nop ? st[k][nd - 2] : 0;
     w->inner_stride[k] = k < nop ? st[k][nd - 1] : 0;
-    for (int d = 0; d < nd - 1; d++) w->stride[k][d] = k < nop ? st[k][d] : 0;
+    for (int d = 0; d < nd - 2; d++) w->stride[k][d] = k < nop ? st[k][d] : 0;
+    if (k < nop && w->inner_stride[k] != 0 && w->inner_stride[k] != 1) tile = true;
   }
-  w->nblk = (w->inner + WALK_BLOCK - 1) / WALK_BLOCK;
-  w->items = rows * w->nblk;
+  tile = tile && w->rows > 1;
+  w->rb = tile ? WALK_TILE : 1;
+  w->cb = tile ? WALK_TILE : WALK_BLOCK;
+  w->nrb = (w->rows + w->rb - 1) / w->rb;
+  w->ncb = (w->inner + w->cb - 1) / w->cb;
+  w->items = outer * w->nrb * w->ncb;
 }
 
 /* Work item it: offsets o[k] of its first element in each input, ob in the output
- * (contiguous), and its length. */
-static inline void walk_item(const ew_walk *w, int64_t it, int64_t *o, int64_t *ob, int64_t *len) {
-  int64_t r = it / w->nblk, j0 = (it % w->nblk) * WALK_BLOCK;
-  *ob = r * w->inner + j0;
-  *len = w->inner - j0 < WALK_BLOCK ? w->inner - j0 : WALK_BLOCK;
-  for (int k = 0; k < WALK_MAX; k++) o[k] = j0 * w->inner_stride[k];
-  for (int d = w->ndim - 1; d >= 0; d--) {
+ * (contiguous), its row length and row count. Row ri of the item starts at
+ * o[k] + ri * row_stride[k] and ob + ri * inner. */
+static inline void walk_item(const ew_walk *w, int64_t it, int64_t *o, int64_t *ob,
+                             int64_t *len, int64_t *nr) {
+  int64_t jb = it % w->ncb, t = it / w->ncb;
+  int64_t i0 = (t % w->nrb) * w->rb, j0 = jb * w->cb, r = t / w->nrb;
+  *ob = (r * w->rows + i0) * w->inner + j0;
+  *len = w->inner - j0 < w->cb ? w->inner - j0 : w->cb;
+  *nr = w->rows - i0 < w->rb ? w->rows - i0 : w->rb;
+  for (int k = 0; k < WALK_MAX; k++) o[k] = i0 * w->row_stride[k] + j0 * w->inner_stride[k];
+  for (int d = w->nouter - 1; d >= 0; d--) {
     int64_t i = r % w->shape[d];
     r /= w->shape[d];
     for (int k = 0; k < WALK_MAX; k++) o[k] += i * w->stride[k][d];
@@ -152,23 +173,29 @@ static inline void walk_item(const ew_walk *w, int64_t it, int64_t *o, int64_t *
     qo[j] = (EXPR);                                                                    \
   }
 
-/* The strided walk shared by every arity: sets q0..q2 / s0..s2 for each block. */
+/* The strided walk shared by every arity: sets q0..q2 / s0..s2 for each row of each
+ * work item and runs RUN over it. */
 #define WALK(T, NOP, RUN, EXPR, COST)                                                  \
   do {                                                                                 \
-    ew_walk w_;                                                                    \
-    walk_init(&w_, NOP, in, out[0]);                                            \
+    ew_walk w_;                                                                        \
+    walk_init(&w_, NOP, in, out[0]);                                                   \
     const int64_t items_ = w_.items;                                                   \
     const int par_ = n * (COST) > RM_CPU_PAR_MIN && items_ > 1;                        \
     _Pragma("omp parallel for if (par_)")                                              \
     for (int64_t it = 0; it < items_; it++) {                                          \
-      int64_t o_[WALK_MAX], ob_, len;                                           \
-      walk_item(&w_, it, o_, &ob_, &len);                                       \
-      const T *q0 = p0 + o_[0], *q1 = p1 + o_[NOP > 1], *q2 = p2 + o_[NOP > 2 ? 2 : 0];\
+      int64_t o_[WALK_MAX], ob_, len, nr_;                                             \
+      walk_item(&w_, it, o_, &ob_, &len, &nr_);                                        \
       const int64_t s0 = w_.inner_stride[0], s1 = w_.inner_stride[NOP > 1],            \
                     s2 = w_.inner_stride[NOP > 2 ? 2 : 0];                             \
-      T *qo = po + ob_;                                                                \
-      (void)q1; (void)q2; (void)s1; (void)s2;                                          \
-      RUN(T, EXPR)                                                                     \
+      (void)s1; (void)s2;                                                              \
+      for (int64_t ri = 0; ri < nr_; ri++) {                                           \
+        const T *q0 = p0 + o_[0] + ri * w_.row_stride[0];                              \
+        const T *q1 = p1 + o_[NOP > 1] + ri * w_.row_stride[NOP > 1];                  \
+        const T *q2 = p2 + o_[NOP > 2 ? 2 : 0] + ri * w_.row_stride[NOP > 2 ? 2 : 0];  \
+        T *qo = po + ob_ + ri * w_.inner;                                              \
+        (void)q1; (void)q2;                                                            \
+        RUN(T, EXPR)                                                                   \
+      }                                                                                \
     }                                                                                  \
   } while (0)
 
@@ -313,16 +340,19 @@ RM_CPU_KERNEL(fill) {
       _Pragma("omp parallel for simd if (parallel: par)")                              \
       for (int64_t i = 0; i < n; i++) po[i] = (D)p0[i];                                \
     } else {                                                                           \
-      ew_walk w_;                                                                  \
-      walk_init(&w_, 1, in, out[0]);                                            \
+      ew_walk w_;                                                                      \
+      walk_init(&w_, 1, in, out[0]);                                                   \
       const int64_t items_ = w_.items;                                                 \
       _Pragma("omp parallel for if (par && items_ > 1)")                               \
       for (int64_t it = 0; it < items_; it++) {                                        \
-        int64_t o_[WALK_MAX], ob_, len;                                         \
-        walk_item(&w_, it, o_, &ob_, &len);                                     \
-        const S *q = p0 + o_[0];                                                       \
+        int64_t o_[WALK_MAX], ob_, len, nr_;                                           \
+        walk_item(&w_, it, o_, &ob_, &len, &nr_);                                      \
         const int64_t s = w_.inner_stride[0];                                          \
-        for (int64_t j = 0; j < len; j++) po[ob_ + j] = (D)q[j * s];                   \
+        for (int64_t ri = 0; ri < nr_; ri++) {                                         \
+          const S *q = p0 + o_[0] + ri * w_.row_stride[0];                             \
+          D *qo = po + ob_ + ri * w_.inner;                                            \
+          for (int64_t j = 0; j < len; j++) qo[j] = (D)q[j * s];                       \
+        }                                                                              \
       }                                                                                \
     }                                                                                  \
   } while (0)
