@@ -35,5 +35,6 @@ void rm_lua_open_autograd(lua_State *L);
 void rm_lua_open_plan(lua_State *L);
 void rm_lua_open_host(lua_State *L);
 void rm_lua_open_optim(lua_State *L);
+void rm_lua_open_dist(lua_State *L);
 
 #endif

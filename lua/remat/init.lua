@@ -8,5 +8,6 @@ require "remat.nn"
 require "remat.optim"
 require "remat.policy"
 require "remat.checkpoint"
+require "remat.dist"
 require "remat.train"
 return remat
