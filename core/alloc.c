@@ -122,7 +122,7 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
   s->phantom = ctx->dry;
   m->live[cat] += bytes;
   m->live_total += bytes;
-  m->reserved += bytes;
+  m->reserved = b->reserved ? b->reserved(ctx) : m->reserved + bytes;
   if (m->live[cat] > m->peak[cat]) m->peak[cat] = m->live[cat];
   if (m->live[cat] > m->window && cat == RM_CAT_ACTIVATION) m->window = m->live[cat];
   s->tag = -1;
@@ -146,9 +146,10 @@ void rm_storage_release(rm_ctx *ctx, rm_storage *s) {
   rm_memstats *m = &ctx->mem[s->device];
   m->live[s->category] -= s->bytes;
   m->live_total -= s->bytes;
-  m->reserved -= s->bytes;
   if (s->tag >= 0 && ctx->measure && s->tag < ctx->measure->n) ctx->measure->tag_live[s->tag] -= s->bytes;
-  if (s->data) ctx->backend[s->device]->free(ctx, s->data, s->bytes);
+  const rm_backend *b = ctx->backend[s->device];
+  if (s->data) b->free(ctx, s->data, s->bytes);
+  m->reserved = b->reserved ? b->reserved(ctx) : m->reserved - s->bytes;
   rm_host_free(ctx, s, sizeof *s);
 }
 

@@ -24,6 +24,11 @@ typedef struct rm_backend {
   int (*to_host)(rm_ctx *ctx, void *dst, const void *src, size_t n);
   int (*from_host)(rm_ctx *ctx, void *dst, const void *src, size_t n);
   int (*synchronize)(rm_ctx *ctx);
+  /* Caching devices: bytes held from the device (live + cached), giving the cache
+   * back (returns bytes released), device name and memory. NULL where meaningless. */
+  size_t (*reserved)(rm_ctx *ctx);
+  size_t (*empty_cache)(rm_ctx *ctx);
+  int (*device_info)(rm_ctx *ctx, char *name, size_t n, size_t *total, size_t *free_bytes);
   bool supports_dtype[RM_DTYPE_COUNT];
   rm_kernel_fn kernel[RM_OP_COUNT];
 } rm_backend;

@@ -104,7 +104,10 @@ const rm_backend *rm_backend_get(rm_ctx *ctx, rm_device dev) {
   const rm_backend *b = dev == RM_CPU ? &rm_cpu_backend : rm_cuda_backend_load(ctx);
   if (!b) return NULL;
   void *state = NULL;
-  if (b->init && b->init(ctx, &state) != RM_OK) return NULL;
+  if (b->init && b->init(ctx, &state) != RM_OK) {
+    if (dev == RM_CUDA) rm_cuda_backend_unload(ctx); /* the next ask tries afresh */
+    return NULL;
+  }
   ctx->backend[dev] = b;
   ctx->backend_state[dev] = state;
   return b;

@@ -7,7 +7,9 @@
 #include "measure.h"
 #include "op.h"
 
-#define X(ID, name, family) extern const rm_op_def rm_opdef_##name __attribute__((weak));
+/* Strong references: every op in ops.def must be defined, and a static link pulls in
+ * each family's object file. */
+#define X(ID, name, family) extern const rm_op_def rm_opdef_##name;
 #include "ops.def"
 #undef X
 

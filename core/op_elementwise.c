@@ -67,7 +67,7 @@ rm_tensor *rm_full(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim, const int6
   at.i[0] = dt;
   at.i[1] = dev;
   at.ndim = ndim;
-  memcpy(at.shape, shape, sizeof(int64_t) * (size_t)ndim);
+  if (ndim) memcpy(at.shape, shape, sizeof(int64_t) * (size_t)ndim);
   return rm_op1(ctx, RM_OP_FILL, 0, NULL, &at);
 }
 

@@ -250,7 +250,52 @@ static int l_set_category(lua_State *L) {
   return rm_lua_errorf(L, "unknown memory category '%s'", name);
 }
 
+/* The CUDA backend, or a Lua error saying why it is not available. */
+static const rm_backend *cuda_backend(lua_State *L, const char *fn) {
+  const rm_backend *b = rm_backend_get(rm_lua_ctx(L), RM_CUDA);
+  if (!b) rm_lua_fail(L, fn);
+  return b;
+}
+
+/* C.cuda_synchronize(): waits for all queued CUDA work */
+static int l_cuda_synchronize(lua_State *L) {
+  const rm_backend *b = cuda_backend(L, "cuda.synchronize");
+  if (b->synchronize && b->synchronize(rm_lua_ctx(L)) != RM_OK) return rm_lua_fail(L, "cuda.synchronize");
+  return 0;
+}
+
+/* C.cuda_empty_cache() -> bytes given back to the device */
+static int l_cuda_empty_cache(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  const rm_backend *b = cuda_backend(L, "cuda.empty_cache");
+  size_t n = b->empty_cache ? b->empty_cache(ctx) : 0;
+  ctx->mem[RM_CUDA].reserved = b->reserved ? b->reserved(ctx) : ctx->mem[RM_CUDA].reserved;
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+/* C.cuda_info() -> { name=, total=, free= } */
+static int l_cuda_info(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  const rm_backend *b = cuda_backend(L, "cuda.info");
+  char name[256] = "";
+  size_t total = 0, fr = 0;
+  if (b->device_info && b->device_info(ctx, name, sizeof name, &total, &fr) != RM_OK)
+    return rm_lua_fail(L, "cuda.info");
+  lua_newtable(L);
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "name");
+  lua_pushinteger(L, (lua_Integer)total);
+  lua_setfield(L, -2, "total");
+  lua_pushinteger(L, (lua_Integer)fr);
+  lua_setfield(L, -2, "free");
+  return 1;
+}
+
 static const luaL_Reg fns[] = {
+  { "cuda_synchronize", l_cuda_synchronize },
+  { "cuda_empty_cache", l_cuda_empty_cache },
+  { "cuda_info", l_cuda_info },
   { "requires_grad", l_requires_grad },
   { "backward", l_backward },
   { "grad", l_grad },

@@ -4,7 +4,30 @@
 
 #include "cpu.h"
 
-#define X(ID, name, family) RM_CPU_KERNEL(name) __attribute__((weak));
+/* One kernel per op, except view ops (no kernel: they only make a new geometry).
+ * Strong references, so that a static link pulls in every family's object file. */
+#define KERNEL_view(ID, name)
+#define KERNEL_ANY(ID, name) [RM_OP_##ID] = rm_cpu_##name,
+#define KERNEL_elementwise KERNEL_ANY
+#define KERNEL_random KERNEL_ANY
+#define KERNEL_reduce KERNEL_ANY
+#define KERNEL_matmul KERNEL_ANY
+#define KERNEL_norm KERNEL_ANY
+#define KERNEL_index KERNEL_ANY
+#define KERNEL_loss KERNEL_ANY
+#define KERNEL_optim KERNEL_ANY
+#define DECL_view(ID, name)
+#define DECL_ANY(ID, name) RM_CPU_KERNEL(name);
+#define DECL_elementwise DECL_ANY
+#define DECL_random DECL_ANY
+#define DECL_reduce DECL_ANY
+#define DECL_matmul DECL_ANY
+#define DECL_norm DECL_ANY
+#define DECL_index DECL_ANY
+#define DECL_loss DECL_ANY
+#define DECL_optim DECL_ANY
+
+#define X(ID, name, family) DECL_##family(ID, name)
 #include "../../core/ops.def"
 #undef X
 
@@ -36,7 +59,7 @@ const rm_backend rm_cpu_backend = {
   .synchronize = cpu_sync,
   .supports_dtype = { [RM_F32] = true, [RM_F64] = true },
   .kernel = {
-#define X(ID, name, family) [RM_OP_##ID] = rm_cpu_##name,
+#define X(ID, name, family) KERNEL_##family(ID, name)
 #include "../../core/ops.def"
 #undef X
   },

@@ -203,6 +203,12 @@ void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes) { cu_release(ctx, cu_st
 
 /* ---- the table ---- */
 
+#define RM_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
+RM_CUDA_EXPORT size_t rm_cuda_reserved(rm_ctx *ctx);
+RM_CUDA_EXPORT size_t rm_cuda_empty_cache(rm_ctx *ctx);
+RM_CUDA_EXPORT int rm_cuda_device_info(rm_ctx *ctx, char *name, size_t n, size_t *total,
+                                       size_t *free_bytes);
+
 /* Built once, on first use, by a function-local static: C++ has no array designated
  * initialisers, so the table cannot be a constant initialiser as on the CPU. It is not
  * mutable state: after its (thread-safe, C++11) construction it is never written, and
@@ -219,6 +225,9 @@ static rm_backend make_table(void) {
   b.to_host = cuda_to_host;
   b.from_host = cuda_from_host;
   b.synchronize = cuda_sync;
+  b.reserved = rm_cuda_reserved;
+  b.empty_cache = rm_cuda_empty_cache;
+  b.device_info = rm_cuda_device_info;
   b.supports_dtype[RM_F32] = true;
   b.supports_dtype[RM_F64] = true;
   b.supports_dtype[RM_BF16] = true;
@@ -228,8 +237,6 @@ static rm_backend make_table(void) {
   return b;
 }
 
-#define RM_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
-
 /* Returns the CUDA backend table (found by core/device.c with dlsym). Never fails:
  * whether a device is usable is decided by the table's init. */
 RM_CUDA_EXPORT const rm_backend *rm_cuda_backend_get(void) {
@@ -237,9 +244,8 @@ RM_CUDA_EXPORT const rm_backend *rm_cuda_backend_get(void) {
   return &table;
 }
 
-/* Extra entry points for core, found with dlsym on ctx->cuda_lib (the table in
- * core/backend.h has no slot for them): reserved bytes, emptying the cache, device
- * info. They take the context, so two contexts never see each other's cache. */
+/* Reserved bytes, emptying the cache, device info: in the table, and exported too.
+ * They take the context, so two contexts never see each other's cache. */
 
 /* Bytes held from the device (live + cached); 0 when the backend is not initialised. */
 RM_CUDA_EXPORT size_t rm_cuda_reserved(rm_ctx *ctx) {

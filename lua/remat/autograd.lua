@@ -53,4 +53,10 @@ function memory.format(b)
   return string.format("%.2f %s", b, units[u])
 end
 
+-- CUDA device control (each raises a clear error when CUDA is not available).
+remat.cuda = remat.cuda or {}
+function remat.cuda.synchronize() C.cuda_synchronize() end
+function remat.cuda.empty_cache() return C.cuda_empty_cache() end
+function remat.cuda.info() return C.cuda_info() end
+
 return true
