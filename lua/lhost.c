@@ -110,6 +110,35 @@ int rm_lua_slice(lua_State *L, rm_ctx *ctx, int idx, double budget_ms, rm_slice 
   return RM_OK;
 }
 
+/* A host allocator over a lua_State's own lua_Alloc (looked up at each call, as Lua
+ * does), so that a context made by luaopen_remat takes its memory where the host told
+ * the state to: ud is the main thread of the state. */
+static void *lalloc_alloc(void *ud, size_t n) {
+  void *aud;
+  lua_Alloc f = lua_getallocf(ud, &aud);
+  return f(aud, NULL, 0, n);
+}
+
+static void *lalloc_realloc(void *ud, void *p, size_t old_n, size_t new_n) {
+  void *aud;
+  lua_Alloc f = lua_getallocf(ud, &aud);
+  return f(aud, p, p ? old_n : 0, new_n);
+}
+
+static void lalloc_free(void *ud, void *p, size_t n) {
+  void *aud;
+  lua_Alloc f = lua_getallocf(ud, &aud);
+  f(aud, p, n, 0);
+}
+
+rm_host_alloc rm_lua_host_alloc(lua_State *L) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  lua_State *main = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  rm_host_alloc a = { lalloc_alloc, lalloc_realloc, lalloc_free, main };
+  return a;
+}
+
 /* C.log(level, msg): the host's log callback (silent when it has none). */
 static int l_log(lua_State *L) {
   lua_Integer level = luaL_checkinteger(L, 1);

@@ -34,6 +34,8 @@ void rm_lua_open_io(lua_State *L);
 void rm_lua_open_autograd(lua_State *L);
 void rm_lua_open_plan(lua_State *L);
 void rm_lua_open_host(lua_State *L);
+/* A host allocator that takes memory from L's lua_Alloc (for contexts a state owns). */
+rm_host_alloc rm_lua_host_alloc(lua_State *L);
 void rm_lua_open_optim(lua_State *L);
 void rm_lua_open_dist(lua_State *L);
 
