@@ -77,10 +77,13 @@ $(BUILD)/obj/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.cuh core/*.h 
 $(BUILD)/libremat_cuda.so: $(CUDA_OBJ)
 	$(NVCC) -shared $(CUDA_ARCH) -o $@ $^ $(CUDA_LIBS)
 
+# Installs the Debian packages that are missing (as root), or prints the apt-get line.
 deps:
-	@if [ "$$(id -u)" = 0 ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEPS_APT); \
-	else echo "run as root: apt-get install -y $(DEPS_APT)"; fi
+	@missing=$$(for p in $(DEPS_APT); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then echo "deps: all installed"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "run as root: apt-get install -y $$missing"; fi
 
 LUA_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/spec/?.lua;;" LUA_CPATH="$(CURDIR)/$(BUILD)/?.so;;"
 
@@ -101,9 +104,9 @@ clean:
 	rm -rf $(BUILD) build-asan
 
 # ---- Hosts: examples, pkg-config, install ----
-# C programs that embed remat (examples/host). They link the static archive whole:
-# op definitions and CPU kernels are found through weak symbols, which would not pull
-# their archive members in on their own. (A host may link libremat.so instead.)
+# C programs that embed remat (examples/host), linked as a host would: against the
+# static archive (the op and kernel tables reference every family, so a plain link
+# pulls all of them in; a host may link libremat.so instead).
 EXAMPLE_SRC := $(wildcard examples/host/*.c)
 EXAMPLE_BIN := $(patsubst examples/host/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC))
 
@@ -111,7 +114,7 @@ examples: $(EXAMPLE_BIN)
 
 $(BUILD)/examples/%: examples/host/%.c core/remat.h $(BUILD)/libremat.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< -Wl,--whole-archive $(BUILD)/libremat.a -Wl,--no-whole-archive $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libremat.a $(LDLIBS)
 
 # remat.pc for hosts (pkg-config --cflags --libs remat), and `make install`, which a
 # rockspec (build type make) drives with INST_LIBDIR / INST_BINDIR set.
