@@ -26,7 +26,7 @@ local built, build_log
 local function ensure_built()
   if built == nil then
     local log = os.tmpname()
-    local cmd = ("make -s examples BUILD=%s > %s 2>&1"):format(build, log)
+    local cmd = ("make -s examples %s/libremat.so BUILD=%s > %s 2>&1"):format(build, build, log)
     built = os.execute(cmd) == true
     build_log = read_file(log)
     os.remove(log)
@@ -335,6 +335,53 @@ describe("examples/host", function()
     assert.matches("; 120 steps,", out)
     assert.matches("host: ok\n$", out)
     os.remove(out_path)
+  end)
+
+  it("the minimal host of the README trains to the end of its stepper", function()
+    ensure_built()
+    local out, err, code = run(ENV .. build .. "/examples/minimal")
+    assert.are.equal(0, code, out .. err)
+    assert.are.equal("", err)
+    local loss = tonumber(out:match("^200 steps, loss ([%d.]+)\n$"))
+    assert.is_true(loss and loss < 0.3, out)
+  end)
+
+  it("remat.pc gives a host the flags to build and link against libremat.so", function()
+    ensure_built()
+    local root = os.tmpname()
+    os.remove(root)
+    local cwd = os.getenv("PWD")
+    local sh = table.concat({
+      ("mkdir -p %s/include %s/lib/pkgconfig"):format(root, root),
+      ("ln -s %s/core/remat.h %s/include/remat.h"):format(cwd, root),
+      ("ln -s %s/%s/libremat.so %s/lib/libremat.so"):format(cwd, build, root),
+      ("make -s pkgconfig BUILD=%s PREFIX=%s INST_INCDIR=%s/include INST_CLIBDIR=%s/lib"):format(build, root, root, root),
+      ("cp %s/remat.pc %s/lib/pkgconfig/remat.pc"):format(build, root),
+      ("export PKG_CONFIG_PATH=%s/lib/pkgconfig"):format(root),
+      "pkg-config --modversion remat",
+      ("cc -std=c11 -o %s/minimal examples/host/minimal.c $(pkg-config --cflags --libs remat) -Wl,-rpath,%s/lib"):format(root, root),
+      ("%s%s/minimal"):format(ENV, root),
+    }, " && ")
+    local out, err, code = run("sh -c '" .. sh .. "'")
+    os.execute("rm -rf " .. root)
+    os.execute(("make -s pkgconfig BUILD=%s > /dev/null 2>&1"):format(build)) -- back to the default prefix
+    assert.are.equal(0, code, out .. err)
+    assert.matches("^0%.1%.0\n200 steps, loss", out)
+  end)
+
+  it("the rockspec builds with the Makefile and installs through its install target", function()
+    local env = {}
+    assert(loadfile("remat-scm-1.rockspec", "t", env))()
+    assert.are.equal("remat", env.package)
+    assert.are.equal("scm-1", env.version)
+    assert.are.equal("make", env.build.type)
+    assert.are.equal("install", env.build.install_target)
+    assert.are.equal("$(LIBDIR)", env.build.install_variables.INST_LIBDIR)
+    assert.are.equal("$(BINDIR)", env.build.install_variables.INST_BINDIR)
+    assert.are.same({ "lua >= 5.4, < 5.5" }, env.dependencies)
+    local mk = read_file("Makefile")
+    assert.matches("\ninstall: all pkgconfig\n", mk)
+    assert.matches("INST_LIBDIR%)/remat%.so", mk)
   end)
 
   it("the host refuses an unknown option with its usage", function()
