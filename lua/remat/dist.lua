@@ -158,14 +158,17 @@ end
 -- where printing and exiting happen; the rest of remat.dist never does either.
 function dist.run(fn, ...)
   if type(fn) ~= "function" then fail("dist.run: expected a function, got " .. type(fn)) end
-  local res = table.pack(xpcall(fn, debug.traceback, ...))
+  local trace
+  local function handler(e)
+    trace = debug.traceback(tostring(e), 2)
+    return e
+  end
+  local res = table.pack(xpcall(fn, handler, ...))
   if res[1] then return table.unpack(res, 2, res.n) end
-  local msg = tostring(res[2])
-  local first = msg:match("^[^\n]*")
   if S.inited and S.size > 1 then
-    io.stderr:write(("[rank %d/%d] error: %s\n"):format(S.rank, S.size, msg))
+    io.stderr:write(("[rank %d/%d] error: %s\n"):format(S.rank, S.size, trace))
     io.stderr:flush()
-    C.dist_abort(first, 2.0)
+    C.dist_abort(tostring(res[2]):match("^[^\n]*"), 2.0)
   end
   error(res[2], 0)
 end
