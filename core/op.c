@@ -252,6 +252,8 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_
     if (in[i]->requires_grad) grad = true;
   }
   grad = grad && ctx->grad_enabled && !(def->flags & RM_OPF_NODIFF);
+  if (grad && nin > 31) /* a node's per-input masks are 31 bits wide */
+    return rm_fail(ctx, RM_ERR_ARG, "%s: at most 31 inputs when recording gradients (got %d)", def->name, nin);
   if (def->flags & RM_OPF_RANDOM) {
     if (a != &local) local = *a, a = &local;
     local.seed = ctx->rng_seed;
