@@ -325,8 +325,18 @@ function dist.ShardedAdamW(params, opts)
   end
   opt.pieces = pieces
 
-  local function flat(t, n) return C.op("view", { shape = { n } }, C.detach(t)) end
+  -- Views without history, each freed at once by the caller: a view left to the
+  -- collector would keep a dropped gradient's memory alive.
   local function slice(t, a, n) return C.op("narrow", { i = { 0, a, n } }, t) end
+  local function flat(t, n, a, len)
+    local d = C.detach(t)
+    local v = C.op("view", { shape = { n } }, d)
+    C.free(d)
+    if not a then return v end
+    local s = slice(v, a, len)
+    C.free(v)
+    return s
+  end
   local function zeros(n)
     local prev = C.set_category("optim")
     local ok, t = pcall(C.full, { n }, 0, dtype, device)
@@ -349,7 +359,7 @@ function dist.ShardedAdamW(params, opts)
         end
         st.step = st.step + 1
         local gc = C.is_contiguous(g) and g or C.op("copy", nil, g)
-        local pv, gv = slice(flat(p, layout[pc.i].n), pc.a, pc.n), slice(flat(gc, layout[pc.i].n), pc.a, pc.n)
+        local pv, gv = flat(p, layout[pc.i].n, pc.a, pc.n), flat(gc, layout[pc.i].n, pc.a, pc.n)
         C.op_into("adamw_step", {
           f = { s.lr, s.betas[1], s.betas[2], s.eps },
           i = { st.step, 1, C.double_bits(s.weight_decay) },
@@ -365,7 +375,7 @@ function dist.ShardedAdamW(params, opts)
     local ok, err = pcall(function()
       local send = C.full({ chunk }, 0, dtype, device)
       for _, pc in ipairs(pieces) do
-        local src = slice(flat(s.params[pc.i], layout[pc.i].n), pc.a, pc.n)
+        local src = flat(s.params[pc.i], layout[pc.i].n, pc.a, pc.n)
         local dst = slice(send, pc.pos, pc.n)
         C.copy_into(dst, src)
         C.free(src); C.free(dst)
