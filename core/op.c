@@ -140,9 +140,9 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
       return rm_fail(ctx, RM_ERR_DTYPE, "%s: %s does not support %s", def->name, b->name,
                      rm_dtype_name(meta[j].dtype));
 
-  rm_tensor *args[16];
-  int nargs = nin < 16 ? nin : 16;
-  if (nin > 16) return rm_fail(ctx, RM_ERR_ARG, "%s: at most 16 inputs", def->name);
+  rm_tensor *args[RM_MAX_INPUTS];
+  int nargs = nin;
+  if (nin > RM_MAX_INPUTS) return rm_fail(ctx, RM_ERR_ARG, "%s: at most %d inputs", def->name, RM_MAX_INPUTS);
   for (int i = 0; i < nargs; i++) {
     rm_tensor *t = in[i];
     if (def->flags & RM_OPF_BROADCAST) {
@@ -305,8 +305,8 @@ int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm
   if (!b) return ctx->err_code;
   if (!b->kernel[op]) return rm_fail(ctx, RM_ERR_DEVICE, "%s is not supported on %s", def->name, b->name);
   if (ctx->dry) return RM_OK;
-  rm_tensor *args[16];
-  if (nin > 16) return rm_fail(ctx, RM_ERR_ARG, "%s: at most 16 inputs", def->name);
+  rm_tensor *args[RM_MAX_INPUTS];
+  if (nin > RM_MAX_INPUTS) return rm_fail(ctx, RM_ERR_ARG, "%s: at most %d inputs", def->name, RM_MAX_INPUTS);
   for (int i = 0; i < nin; i++) {
     rm_tensor *t = in[i];
     if (def->flags & RM_OPF_BROADCAST) {
@@ -392,10 +392,10 @@ rm_tensor *rm_node_output(rm_ctx *ctx, rm_node *n, int j) {
 
 int rm_node_recompute(rm_ctx *ctx, rm_node *n) {
   const rm_op_def *def = op_table[n->op];
-  bool fresh[64] = { 0 };
+  bool fresh[RM_MAX_INPUTS] = { 0 };
   int rc = RM_OK;
   for (int i = 0; i < n->nin; i++) {
-    fresh[i < 64 ? i : 63] = n->in[i]->storage == NULL;
+    fresh[i] = n->in[i]->storage == NULL;
     if ((rc = rm_tensor_data_ready(ctx, n->in[i]))) return rc;
   }
   rm_tensor *outs[8];
@@ -433,7 +433,7 @@ int rm_node_recompute(rm_ctx *ctx, rm_node *n) {
     }
     rm_tensor_drop(ctx, outs[j]);
   }
-  for (int i = 0; i < n->nin && i < 64; i++)
+  for (int i = 0; i < n->nin; i++)
     if (fresh[i] && n->in[i]->users == 0 && n->in[i]->pins == 0) rm_tensor_evict(ctx, n->in[i]);
   return rc;
 }

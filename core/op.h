@@ -11,6 +11,8 @@
 
 #include "tensor.h"
 
+#define RM_MAX_INPUTS 256   /* inputs of one op call (variadic concat) */
+
 typedef enum {
 #define X(ID, name, family) RM_OP_##ID,
 #include "ops.def"

@@ -123,8 +123,9 @@ static int l_op(lua_State *L) {
   rm_attrs a;
   read_attrs(L, 2, &a, fn);
   int nin = lua_gettop(L) - 2;
-  if (nin > 64) return rm_lua_errorf(L, "%s: too many inputs", fn);
-  rm_tensor *in[64];
+  if (nin > RM_MAX_INPUTS) return rm_lua_errorf(L, "%s: at most %d inputs (got %d)", fn, RM_MAX_INPUTS, nin);
+  luaL_checkstack(L, 8, fn);
+  rm_tensor *in[RM_MAX_INPUTS];
   for (int i = 0; i < nin; i++) in[i] = check_input(L, i + 3, i + 1, fn);
   rm_tensor *out[8] = { 0 };
   rm_ctx *ctx = rm_lua_ctx(L);
