@@ -64,6 +64,11 @@ rm_tensor *rm_concat(rm_ctx *ctx, int n, rm_tensor *const *ts, int64_t dim);
 rm_tensor *rm_embedding(rm_ctx *ctx, rm_tensor *weight, rm_tensor *idx);
 rm_tensor *rm_causal_mask(rm_ctx *ctx, rm_tensor *scores); /* -inf above the diagonal */
 
+/* fused attention (op_attention.c): softmax(scale q k^T [causal mask]) v without the
+ * Tq x Tk matrix; q (..., Tq, hd), k and v (..., Tk, hd); scale 0 means 1/sqrt(hd);
+ * causal: query i sees keys j <= i + Tk - Tq. */
+rm_tensor *rm_attention(rm_ctx *ctx, rm_tensor *q, rm_tensor *k, rm_tensor *v, bool causal, double scale);
+
 /* losses (op_loss.c): mean over the batch */
 rm_tensor *rm_cross_entropy(rm_ctx *ctx, rm_tensor *logits, rm_tensor *labels);
 rm_tensor *rm_mse(rm_ctx *ctx, rm_tensor *pred, rm_tensor *target);

@@ -1,4 +1,5 @@
 /* The CPU backend table: host memory and the kernels of kernels/cpu/<family>.c. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,7 @@
 #define KERNEL_index KERNEL_ANY
 #define KERNEL_loss KERNEL_ANY
 #define KERNEL_optim KERNEL_ANY
+#define KERNEL_attention KERNEL_ANY
 #define DECL_view(ID, name)
 #define DECL_ANY(ID, name) RM_CPU_KERNEL(name);
 #define DECL_elementwise DECL_ANY
@@ -26,20 +28,29 @@
 #define DECL_index DECL_ANY
 #define DECL_loss DECL_ANY
 #define DECL_optim DECL_ANY
+#define DECL_attention DECL_ANY
 
 #define X(ID, name, family) DECL_##family(ID, name)
 #include "../../core/ops.def"
 #undef X
 
+/* Tensor data comes from the context's host allocator, so that a host that counts or
+ * pools memory sees it: over-allocated by 64 bytes and aligned up to 64 (for vector
+ * loads); the distance back to the block's start (1..64) is kept in the byte before. */
 static void *cpu_malloc(rm_ctx *ctx, size_t n) {
-  (void)ctx;
-  void *p = NULL;
-  /* 64-byte alignment for vector loads; size rounded up as aligned_alloc requires */
-  if (posix_memalign(&p, 64, (n + 63) & ~(size_t)63)) return NULL;
+  size_t total = (n ? n : 1) + 64;
+  if (total < n) return NULL;
+  unsigned char *base = rm_host_malloc(ctx, total);
+  if (!base) return NULL;
+  unsigned char *p = (unsigned char *)(((uintptr_t)base + 64) & ~(uintptr_t)63);
+  p[-1] = (unsigned char)(p - base);
   return p;
 }
 
-static void cpu_free(rm_ctx *ctx, void *p, size_t n) { (void)ctx; (void)n; free(p); }
+static void cpu_free(rm_ctx *ctx, void *p, size_t n) {
+  unsigned char *d = p;
+  rm_host_free(ctx, d - d[-1], (n ? n : 1) + 64);
+}
 
 static int cpu_copy(rm_ctx *ctx, void *dst, const void *src, size_t n) {
   (void)ctx;

@@ -1,14 +1,13 @@
-/* Fused scaled-dot-product attention (flash-attention style) for a proposed op pair
- * that is not in core/ops.def yet; once these two lines are added there,
- *     X(ATTENTION, attention, attention)
- *     X(ATTENTION_BACKWARD, attention_backward, attention)
- * backend.cu picks the kernels up by name (cuk_attention, cuk_attention_backward).
+/* Fused scaled-dot-product attention (flash-attention style) for the ops attention and
+ * attention_backward (core/op_attention.c has the definitions, kernels/cpu/attention.c
+ * the CPU kernels); backend.cu picks these up by name (cuk_attention, ...).
  *
- * Proposed semantics (a CPU kernel and core/op_attention.c would follow them):
+ * Semantics:
  *   attention(q, k, v) -> y, lse          (nout 2, nvis 1: lse is kept for backward)
  *     q (..., Tq, hd), k and v (..., Tk, hd), same leading dims, contiguous;
- *     i[0] = 1: causal (query i sees keys j <= i); f[0] = scale (0: 1/sqrt(hd)).
- *     y = softmax(scale q k^T [+ mask]) v, shape of q, dtype of q;
+ *     i[0] = 1: causal, aligned at the bottom right: query i sees keys
+ *     j <= i + (Tk - Tq) (the op requires Tq <= Tk); f[0] = scale (0: 1/sqrt(hd)).
+ *     y = softmax(scale q k^T [+ mask]) v, shape of q, dtype of q (0 when Tk = 0);
  *     lse (..., Tq) float32: the log-sum-exp of each score row.
  *   attention_backward(q, k, v, y, lse, gy) -> gq, gk, gv   (same attrs)
  * The T x T score matrix is never stored: the forward streams key tiles through shared
@@ -43,8 +42,9 @@ att_fwd_kernel(const T *q, const T *k, const T *v, T *y, float *lse, int64_t Tq,
     o[d] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
+  int64_t off = Tk - Tq; /* causal: query r sees keys j <= r + off */
   int64_t last = blockIdx.x * (int64_t)ATT_ROWS + ATT_ROWS - 1; /* last row of the block */
-  int64_t kend = causal ? (last + 1 < Tk ? last + 1 : Tk) : Tk;
+  int64_t kend = causal ? (last + off + 1 < Tk ? last + off + 1 : Tk) : Tk;
   for (int64_t k0 = 0; k0 < kend; k0 += ATT_ROWS) {
     __syncthreads();
     for (int e = threadIdx.x; e < ATT_ROWS * HD; e += ATT_ROWS) {
@@ -56,7 +56,7 @@ att_fwd_kernel(const T *q, const T *k, const T *v, T *y, float *lse, int64_t Tq,
     __syncthreads();
     if (!valid) continue;
     int jn = (int)(Tk - k0 < ATT_ROWS ? Tk - k0 : ATT_ROWS);
-    if (causal && r - k0 + 1 < jn) jn = (int)(r - k0 + 1);
+    if (causal && r + off - k0 + 1 < jn) jn = (int)(r + off - k0 + 1);
     for (int j = 0; j < jn; j++) {
       float s = 0.f;
 #pragma unroll
@@ -75,7 +75,7 @@ att_fwd_kernel(const T *q, const T *k, const T *v, T *y, float *lse, int64_t Tq,
     }
   }
   if (valid) {
-    float inv = 1.f / l;
+    float inv = l > 0.f ? 1.f / l : 0.f; /* no key (Tk = 0): y = 0 */
 #pragma unroll
     for (int d = 0; d < HD; d++)
       if (d < hd) cu_sv(y + (bh * Tq + r) * hd + d, o[d] * inv);
@@ -115,8 +115,9 @@ att_dq_kernel(const T *q, const T *k, const T *v, const float *lse, const float 
   float dq[HD];
 #pragma unroll
   for (int d = 0; d < HD; d++) dq[d] = 0.f;
+  int64_t off = Tk - Tq;
   int64_t last = blockIdx.x * (int64_t)ATT_ROWS + ATT_ROWS - 1;
-  int64_t kend = causal ? (last + 1 < Tk ? last + 1 : Tk) : Tk;
+  int64_t kend = causal ? (last + off + 1 < Tk ? last + off + 1 : Tk) : Tk;
   for (int64_t k0 = 0; k0 < kend; k0 += ATT_ROWS) {
     __syncthreads();
     for (int e = threadIdx.x; e < ATT_ROWS * HD; e += ATT_ROWS) {
@@ -128,7 +129,7 @@ att_dq_kernel(const T *q, const T *k, const T *v, const float *lse, const float 
     __syncthreads();
     if (!valid) continue;
     int jn = (int)(Tk - k0 < ATT_ROWS ? Tk - k0 : ATT_ROWS);
-    if (causal && r - k0 + 1 < jn) jn = (int)(r - k0 + 1);
+    if (causal && r + off - k0 + 1 < jn) jn = (int)(r + off - k0 + 1);
     for (int j = 0; j < jn; j++) {
       float s = 0.f, dp = 0.f;
 #pragma unroll
@@ -168,8 +169,9 @@ att_dkv_kernel(const T *q, const T *k, const T *v, const float *lse, const float
   float dk[HD], dv[HD];
 #pragma unroll
   for (int d = 0; d < HD; d++) dk[d] = dv[d] = 0.f;
+  int64_t off = Tk - Tq; /* causal: key c is seen by queries i >= c - off */
   int64_t first = blockIdx.x * (int64_t)ATT_ROWS; /* first key of the block */
-  int64_t q0s = causal ? first / ATT_ROWS * ATT_ROWS : 0;
+  int64_t q0s = causal && first > off ? (first - off) / ATT_ROWS * ATT_ROWS : 0;
   for (int64_t q0 = q0s; q0 < Tq; q0 += ATT_ROWS) {
     __syncthreads();
     for (int e = threadIdx.x; e < ATT_ROWS * HD; e += ATT_ROWS) {
@@ -185,7 +187,8 @@ att_dkv_kernel(const T *q, const T *k, const T *v, const float *lse, const float
     __syncthreads();
     if (!valid) continue;
     int in_ = (int)(Tq - q0 < ATT_ROWS ? Tq - q0 : ATT_ROWS);
-    int i0 = (causal && c > q0) ? (int)(c - q0) : 0;
+    int64_t ifirst = c - off - q0;
+    int i0 = (causal && ifirst > 0) ? (int)(ifirst < ATT_ROWS ? ifirst : ATT_ROWS) : 0;
     for (int i = i0; i < in_; i++) {
       float s = 0.f, dp = 0.f;
 #pragma unroll
@@ -226,7 +229,8 @@ static int att_geometry(rm_ctx *ctx, const char *op, rm_tensor *const *in, const
   g->hd = (int)q->shape[q->ndim - 1];
   g->Tq = q->shape[q->ndim - 2];
   g->Tk = k->shape[k->ndim - 2];
-  g->bh = (g->Tq > 0 && g->hd > 0) ? cu_numel(q) / (g->Tq * g->hd) : 0;
+  g->bh = 1;
+  for (int d = 0; d < q->ndim - 2; d++) g->bh *= q->shape[d];
   g->causal = a->i[0] != 0;
   g->scale = (float)(a->f[0] != 0 ? a->f[0] : 1.0 / sqrt((double)(g->hd ? g->hd : 1)));
   if (g->hd > 128) return cu_fail(ctx, RM_ERR_SHAPE, "%s: head dim %d is larger than 128 (cuda)", op, g->hd);
@@ -270,13 +274,16 @@ template <class T, int HD>
 static int att_bwd_launch(rm_ctx *ctx, const att_geo &g, const cu_inputs &ci, rm_tensor *const *out) {
   cudaStream_t st = cu_st(ctx)->stream;
   size_t dbytes = (size_t)g.bh * g.Tq * sizeof(float);
-  float *D = (float *)cu_scratch(ctx, dbytes);
-  if (!D) return ctx->err_code;
+  float *D = dbytes ? (float *)cu_scratch(ctx, dbytes) : NULL;
+  if (dbytes && !D) return ctx->err_code;
   const T *q = (const T *)ci.p[0], *k = (const T *)ci.p[1], *v = (const T *)ci.p[2];
   const T *y = (const T *)ci.p[3], *gy = (const T *)ci.p[5];
   const float *lse = (const float *)ci.p[4];
-  att_rowdot_kernel<T><<<cu_blocks(g.bh * g.Tq), CU_THREADS, 0, st>>>(y, gy, D, g.bh * g.Tq, g.hd);
-  int rc = CU_LAUNCHED(ctx, "attention backward (row dots)");
+  int rc = RM_OK;
+  if (dbytes) {
+    att_rowdot_kernel<T><<<cu_blocks(g.bh * g.Tq), CU_THREADS, 0, st>>>(y, gy, D, g.bh * g.Tq, g.hd);
+    rc = CU_LAUNCHED(ctx, "attention backward (row dots)");
+  }
   size_t smem_q = (size_t)(2 * ATT_ROWS * HD + 2 * ATT_ROWS * (HD + 1)) * sizeof(float);
   size_t smem_k = (size_t)(2 * ATT_ROWS * HD + 2 * ATT_ROWS + 2 * ATT_ROWS * (HD + 1)) * sizeof(float);
   if (!rc) rc = att_smem(ctx, att_dq_kernel<T, HD>, smem_q);
@@ -294,7 +301,7 @@ static int att_bwd_launch(rm_ctx *ctx, const att_geo &g, const cu_inputs &ci, rm
                                                           g.causal);
     rc = CU_LAUNCHED(ctx, "attention backward (dk, dv)");
   }
-  cu_scratch_free(ctx, D, dbytes);
+  if (D) cu_scratch_free(ctx, D, dbytes);
   return rc;
 }
 
