@@ -109,13 +109,14 @@ local function bench_remat(c)
   remat.memory.reset_peak()
   step()
   local m = remat.memory.stats()
-  local n, t0 = 0, remat.now()
+  local times, t0 = {}, remat.now()
   repeat
+    local t = remat.now()
     step()
-    n = n + 1
-  until remat.now() - t0 >= o.seconds and n >= 3
-  local per = (remat.now() - t0) / n
-  return per, m.peak, m.peak_by_category.activation, model:num_parameters()
+    times[#times + 1] = remat.now() - t
+  until remat.now() - t0 >= o.seconds and #times >= 3
+  table.sort(times)
+  return times[(#times + 1) // 2], m.peak, m.peak_by_category.activation, model:num_parameters()
 end
 
 ---------------------------------------------------------------- PyTorch ----
@@ -193,20 +194,23 @@ for c in configs:
         opt.step()
         opt.zero_grad()
     step(); step()
-    n, t0 = 0, time.perf_counter()
+    times, t0 = [], time.perf_counter()
     while True:
+        t = time.perf_counter()
         step()
-        n += 1
-        if time.perf_counter() - t0 >= seconds and n >= 3:
+        times.append(time.perf_counter() - t)
+        if time.perf_counter() - t0 >= seconds and len(times) >= 3:
             break
-    print("RESULT", c["id"], (time.perf_counter() - t0) / n, flush=True)
+    times.sort()
+    print("RESULT", c["id"], times[(len(times) - 1) // 2], flush=True)
 ]==]
 
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
-local function json_configs()
+local function json_configs(list)
   local parts = {}
-  for i, c in ipairs(configs) do
+  for _, c in ipairs(list) do
+    local i = c.id
     local kv = { ('"id": %d'):format(i), ('"kind": "%s"'):format(c.kind) }
     for k, v in pairs(c) do
       if k ~= "kind" then kv[#kv + 1] = ('"%s": %d'):format(k, v) end
@@ -216,9 +220,8 @@ local function json_configs()
   return "[" .. table.concat(parts, ", ") .. "]"
 end
 
--- Runs the PyTorch script; returns { [config id] = seconds per step } and its version,
--- or nil and the reason.
-local function bench_torch()
+-- Finds a python3 that imports torch; returns it and the version, or nil and the reason.
+local function find_torch()
   if not o.torch then return nil, "skipped (--no-torch)" end
   -- the first python3 on PATH may be another installation than Debian's (which has python3-torch)
   local python, version
@@ -231,36 +234,56 @@ local function bench_torch()
   if not python then
     return nil, "PyTorch is not installed (python3 -c \"import torch\" fails; Debian's python3-torch provides it)"
   end
+  return python, version
+end
+
+-- Runs the PyTorch script on the given configs; returns { [config id] = seconds per
+-- step } and whether it used scaled_dot_product_attention, or nil and the output.
+local function bench_torch(python, list)
   local path = os.tmpname() .. ".py"
   local f = assert(io.open(path, "w"))
   f:write(PY)
   f:close()
-  local cmd = ("%s %s %d %g %s 2>&1"):format(python, path, threads, o.seconds, shell_quote(json_configs()))
+  local cmd = ("%s %s %d %g %s 2>&1"):format(python, path, threads, o.seconds, shell_quote(json_configs(list)))
   local p = assert(io.popen(cmd))
   local out = p:read("a")
   p:close()
   os.remove(path)
   local res = {}
   for id, s in out:gmatch("RESULT (%d+) ([%d.e+-]+)") do res[tonumber(id)] = tonumber(s) end
-  if next(res) == nil then return nil, "the PyTorch script failed:\n" .. out end
-  return res, ("PyTorch %s (%s), torch.set_num_threads(%d)%s"):format(version, python, threads,
-    out:find("SDPA", 1, true) and ", scaled_dot_product_attention" or ", attention written out (no SDPA in this version)")
+  if next(res) == nil then return nil, out end
+  return res, out:find("SDPA", 1, true) ~= nil
 end
 
 ---------------------------------------------------------------- report ----
 
-print(("training step (forward + backward + AdamW + zero_grad), float32 on the CPU, %d thread%s"):format(
+print(("training step (forward + backward + AdamW + zero_grad; median ms), float32 on the CPU, %d thread%s"):format(
   threads, threads == 1 and "" or "s"))
-local rows = {}
+-- Each configuration runs in remat, then at once in PyTorch, so that both see the same
+-- machine (medians of per-step times resist other load).
+local python, version = find_torch()
+local rows, torch_res, sdpa, torch_err = {}, python and {} or nil, false, nil
 for i, c in ipairs(configs) do
+  c.id = i
   local per, peak, act, params = bench_remat(c)
   rows[i] = { per = per, peak = peak, act = act, params = params }
-  io.stderr:write(("  %s: %.1f ms\n"):format(label(c), per * 1000))
+  local msg = ("  %s: remat %.1f ms"):format(label(c), per * 1000)
+  if python and not torch_err then
+    local res, info = bench_torch(python, { c })
+    if res then
+      torch_res[i], sdpa = res[i], info
+      msg = msg .. (", PyTorch %.1f ms"):format(res[i] * 1000)
+    else
+      torch_err = info
+    end
+  end
+  io.stderr:write(msg, "\n")
 end
-local torch_res, torch_what = bench_torch()
-print(("compared with: %s"):format(torch_what))
+if torch_err then print("the PyTorch script failed:\n" .. torch_err) torch_res = nil end
+print(("compared with: %s"):format(python and ("PyTorch %s (%s), torch.set_num_threads(%d), %s"):format(version, python,
+  threads, sdpa and "scaled_dot_product_attention" or "attention written out (no SDPA in this version)") or version))
 print()
-print(("%-24s %10s %12s %12s %12s %12s %8s"):format("model", "params", "remat ms", "peak mem", "peak act", "torch ms",
+print(("%-24s %10s %12s %12s %12s %12s %8s"):format("model", "params", "remat ms", "peak mem", "peak act", "PyTorch ms",
   "ratio"))
 for i, c in ipairs(configs) do
   local r = rows[i]

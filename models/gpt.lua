@@ -1,7 +1,7 @@
 -- A small character-level GPT trained on a text file, then sampled.
 --
 --   remat models/gpt.lua [TEXT] [--steps 400] [--dim 128] [--layers 4] [--heads 4]
---                        [--block 64] [--batch 32] [--lr 3e-3] [--dropout 0]
+--                        [--block 64] [--batch 32] [--lr 3e-3] [--dropout 0.1]
 --                        [--policy none|sqrt|every:K|selective|budget:B] [--every 50]
 --                        [--sample 300] [--temperature 0.8] [--seed 1] [--save PATH] [--quick]
 --
@@ -29,7 +29,7 @@ local function usage(msg)
 end
 
 local o = { text = "/usr/share/common-licenses/GPL-3", steps = 400, dim = 128, layers = 4, heads = 4, block = 64,
-            batch = 32, lr = 3e-3, dropout = 0, policy = "none", every = 50, sample = 300, temperature = 0.8,
+            batch = 32, lr = 3e-3, dropout = 0.1, policy = "none", every = 50, sample = 300, temperature = 0.8,
             seed = 1, save = nil, quick = false, plan = false }
 do
   local numeric = { steps = true, dim = true, layers = true, heads = true, block = true, batch = true, lr = true,
