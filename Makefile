@@ -87,7 +87,7 @@ deps:
 
 LUA_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/spec/?.lua;;" LUA_CPATH="$(CURDIR)/$(BUILD)/?.so;;"
 
-test: deps all
+test: deps all examples
 	$(LUA_ENV) busted --exclude-tags=gpu,slow -o spec/support/summary.lua spec
 
 run: deps all

@@ -14,6 +14,8 @@ typedef struct rm_tensor rm_tensor;
 typedef struct rm_node rm_node;
 
 /* Every fallible core function returns one of these; the message is on the ctx. */
+#ifndef REMAT_STATUS_DEFINED
+#define REMAT_STATUS_DEFINED
 typedef enum {
   RM_OK = 0,
   RM_ERR_ARG,      /* bad argument: type, range, unknown name */
@@ -25,6 +27,7 @@ typedef enum {
   RM_ERR_STATE,    /* freed tensor, released data, misuse of the tape */
   RM_ERR_RUNTIME   /* backend failure (CUDA call, BLAS) */
 } rm_status;
+#endif
 
 typedef enum { RM_F32 = 0, RM_F64, RM_BF16, RM_F16, RM_DTYPE_COUNT } rm_dtype;
 typedef enum { RM_CPU = 0, RM_CUDA, RM_DEVICE_COUNT } rm_device;

@@ -163,7 +163,8 @@ int luaopen_remat(lua_State *L) {
     lua_setfield(L, -2, "__gc");
     lua_setmetatable(L, -2);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &OWNER_KEY);
-    *pp = ctx = rm_ctx_new(NULL, NULL, NULL);
+    rm_host_alloc a = rm_lua_host_alloc(L); /* the context's memory: L's lua_Alloc */
+    *pp = ctx = rm_ctx_new(&a, NULL, NULL);
     if (!ctx) return luaL_error(L, "remat: cannot create a context (out of memory)");
   }
   if (rm_lua_open(L, ctx) != RM_OK) return luaL_error(L, "%s", rm_errmsg(ctx));
