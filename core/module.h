@@ -144,6 +144,12 @@ rm_module *rm_nn_dropout(rm_ctx *ctx, double p);
 rm_module *rm_nn_softmax(rm_ctx *ctx, int64_t dim);
 /* Multi-head causal self-attention on (B, T, d): children "qkv" (d -> 3d), "proj" (d -> d). */
 rm_module *rm_nn_attention(rm_ctx *ctx, int64_t d, int64_t heads, double dropout);
+/* Which computation CausalSelfAttention uses (see core/nn_attention.c): AUTO is the
+ * composed ops on the CPU and the fused "attention" op elsewhere. */
+typedef enum { RM_ATT_AUTO = 0, RM_ATT_FUSED = 1, RM_ATT_COMPOSED = 2 } rm_att_path;
+/* Sets the path of m (a CausalSelfAttention, or a TransformerBlock's "attn" child).
+ * Errors: another module type; FUSED with dropout > 0 (fused attention has no dropout). */
+int rm_nn_attention_set_path(rm_ctx *ctx, rm_module *m, rm_att_path path);
 /* linear "fc1" (d -> hidden) -> gelu -> linear "fc2" (hidden -> d) -> dropout. */
 rm_module *rm_nn_mlp(rm_ctx *ctx, int64_t d, int64_t hidden, double dropout);
 /* Pre-norm: x + attn(ln1(x)), then + mlp(ln2(x)); children ln1, attn, ln2, mlp. */

@@ -1,9 +1,20 @@
-/* Multi-head causal self-attention, built from registry ops so that selective
- * checkpoint policies can name each step ("linear", "matmul", "mul_scalar",
- * "causal_mask", "softmax", "dropout"). cfg_i[0] d, cfg_i[1] heads, cfg_f[0] dropout.
- * Children: "qkv" Linear(d, 3d), "proj" Linear(d, d). */
+/* Multi-head causal self-attention. cfg_i[0] d, cfg_i[1] heads, cfg_i[2] the attention
+ * path (rm_att_path), cfg_f[0] dropout. Children: "qkv" Linear(d, 3d), "proj" Linear(d, d).
+ *
+ * Two paths compute the same function:
+ * - composed: registry ops, so that selective checkpoint policies can name each step
+ *   ("matmul", "mul_scalar", "causal_mask", "softmax", "dropout"); it stores the
+ *   (B, heads, T, T) probabilities for backward.
+ * - fused: the "attention" op, which never stores the T x T matrix (it keeps its
+ *   output and a per-row log-sum-exp, and recomputes the probabilities in backward).
+ *   It cannot drop attention probabilities, so it requires dropout 0: asking for it
+ *   with dropout > 0 is an error, and the automatic choice falls back to the composed
+ *   path while training with dropout.
+ * The default (RM_ATT_AUTO) is composed on the CPU and fused on other devices (CUDA),
+ * where the fused kernel is what pays. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "module.h"
 
@@ -15,6 +26,13 @@
     (t) = next_;                             \
     if (!(t)) goto fail;                     \
   } while (0)
+
+/* Whether this forward takes the fused path. */
+static bool use_fused(const rm_module *m, const rm_tensor *x) {
+  if (m->cfg_i[2] == RM_ATT_FUSED) return true;
+  if (m->cfg_i[2] == RM_ATT_COMPOSED) return false;
+  return x->device != RM_CPU && !(m->training && m->cfg_f[0] > 0);
+}
 
 static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y) {
   int64_t C = m->cfg_i[0], H = m->cfg_i[1], D = C / H;
@@ -40,17 +58,25 @@ static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor 
   STEP(q, rm_transpose(ctx, q, 1, 2));
   STEP(k, rm_transpose(ctx, k, 1, 2));
   STEP(v, rm_transpose(ctx, v, 1, 2));
-  STEP(k, rm_transpose(ctx, k, 2, 3));                           /* (B, H, D, T) */
-  att = rm_matmul(ctx, q, k);                                    /* (B, H, T, T) */
-  rm_tensor_drop(ctx, q);
-  rm_tensor_drop(ctx, k);
-  q = k = NULL;
-  if (!att) goto fail;
-  STEP(att, rm_scalar_op(ctx, RM_OP_MUL_SCALAR, att, 1.0 / sqrt((double)D)));
-  STEP(att, rm_causal_mask(ctx, att));
-  STEP(att, rm_softmax(ctx, att, -1));
-  if (m->training && m->cfg_f[0] > 0) STEP(att, rm_dropout(ctx, att, m->cfg_f[0]));
-  STEP(att, rm_matmul(ctx, att, v));                             /* (B, H, T, D) */
+  if (use_fused(m, x)) {
+    att = rm_attention(ctx, q, k, v, true, 1.0 / sqrt((double)D)); /* (B, H, T, D) */
+    rm_tensor_drop(ctx, q);
+    rm_tensor_drop(ctx, k);
+    q = k = NULL;
+    if (!att) goto fail;
+  } else {
+    STEP(k, rm_transpose(ctx, k, 2, 3));                         /* (B, H, D, T) */
+    att = rm_matmul(ctx, q, k);                                  /* (B, H, T, T) */
+    rm_tensor_drop(ctx, q);
+    rm_tensor_drop(ctx, k);
+    q = k = NULL;
+    if (!att) goto fail;
+    STEP(att, rm_scalar_op(ctx, RM_OP_MUL_SCALAR, att, 1.0 / sqrt((double)D)));
+    STEP(att, rm_causal_mask(ctx, att));
+    STEP(att, rm_softmax(ctx, att, -1));
+    if (m->training && m->cfg_f[0] > 0) STEP(att, rm_dropout(ctx, att, m->cfg_f[0]));
+    STEP(att, rm_matmul(ctx, att, v));                           /* (B, H, T, D) */
+  }
   rm_tensor_drop(ctx, v);
   v = NULL;
   STEP(att, rm_transpose(ctx, att, 1, 2));                       /* (B, T, H, D) */
@@ -69,10 +95,12 @@ fail:
 }
 
 static void attention_describe(const rm_module *m, char *buf, size_t n) {
+  const char *path = m->cfg_i[2] == RM_ATT_FUSED ? ", fused" : m->cfg_i[2] == RM_ATT_COMPOSED ? ", composed" : "";
   if (m->cfg_f[0] > 0)
-    snprintf(buf, n, "%lld, heads=%lld, dropout=%g", (long long)m->cfg_i[0], (long long)m->cfg_i[1], m->cfg_f[0]);
+    snprintf(buf, n, "%lld, heads=%lld, dropout=%g%s", (long long)m->cfg_i[0], (long long)m->cfg_i[1],
+             m->cfg_f[0], path);
   else
-    snprintf(buf, n, "%lld, heads=%lld", (long long)m->cfg_i[0], (long long)m->cfg_i[1]);
+    snprintf(buf, n, "%lld, heads=%lld%s", (long long)m->cfg_i[0], (long long)m->cfg_i[1], path);
 }
 
 static const rm_module_type attention_type = {
@@ -106,4 +134,20 @@ rm_module *rm_nn_attention(rm_ctx *ctx, int64_t d, int64_t heads, double dropout
     return NULL;
   }
   return m;
+}
+
+int rm_nn_attention_set_path(rm_ctx *ctx, rm_module *m, rm_att_path path) {
+  rm_module *att = m;
+  if (m->type != &attention_type)
+    for (int i = 0; i < m->nchildren; i++)
+      if (!strcmp(m->child_names[i], "attn") && m->children[i]->type == &attention_type) att = m->children[i];
+  if (att->type != &attention_type)
+    return rm_fail(ctx, RM_ERR_ARG, "fused: %s is not a CausalSelfAttention or TransformerBlock", m->type->name);
+  if (path != RM_ATT_AUTO && path != RM_ATT_FUSED && path != RM_ATT_COMPOSED)
+    return rm_fail(ctx, RM_ERR_ARG, "fused: unknown attention path %d", (int)path);
+  if (path == RM_ATT_FUSED && att->cfg_f[0] > 0)
+    return rm_fail(ctx, RM_ERR_ARG, "%s: fused attention cannot apply dropout to the attention probabilities "
+                   "(dropout = %g); use dropout = 0 or fused = false", m->type->name, att->cfg_f[0]);
+  att->cfg_i[2] = path;
+  return RM_OK;
 }

@@ -245,6 +245,37 @@ static bool opt_bool(lua_State *L, int idx, bool def, const char *fn, const char
   return lua_toboolean(L, idx);
 }
 
+/* The options table of CausalSelfAttention / TransformerBlock at idx ({fused = bool}):
+ * the attention path it asks for, or -1 (nil: automatic). Read before the module is
+ * made, so that its errors leak nothing. */
+static int attention_path_opt(lua_State *L, int idx, const char *fn) {
+  if (lua_isnoneornil(L, idx)) return -1;
+  if (!lua_istable(L, idx)) rm_lua_errorf(L, "%s: options must be a table, got %s", fn, luaL_typename(L, idx));
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    if (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "fused"))
+      rm_lua_errorf(L, "%s: unknown option '%s' (known: fused)", fn, luaL_tolstring(L, -1, NULL));
+  }
+  lua_getfield(L, idx, "fused");
+  int path = -1;
+  if (!lua_isnil(L, -1)) {
+    if (!lua_isboolean(L, -1)) rm_lua_errorf(L, "%s: fused must be a boolean, got %s", fn, luaL_typename(L, -1));
+    path = lua_toboolean(L, -1) ? RM_ATT_FUSED : RM_ATT_COMPOSED;
+  }
+  lua_pop(L, 1);
+  return path;
+}
+
+/* Sets m's attention path (path >= 0); on error releases m and returns NULL. */
+static rm_module *with_path(rm_ctx *ctx, rm_module *m, int path) {
+  if (m && path >= 0 && rm_nn_attention_set_path(ctx, m, (rm_att_path)path)) {
+    rm_module_release(ctx, m);
+    return NULL;
+  }
+  return m;
+}
+
 /* C.nn_new(kind, ...) -> module; argument checks name "nn.<kind>" */
 static int l_nn_new(lua_State *L) {
   const char *kind = luaL_checkstring(L, 1);
@@ -280,14 +311,18 @@ static int l_nn_new(lua_State *L) {
     m = rm_nn_softmax(ctx, d > 0 ? d - 1 : d);
   } else if (!strcmp(kind, "CausalSelfAttention")) {
     int64_t d = check_size(L, 2, fn, "the size"), h = check_size(L, 3, fn, "heads");
-    m = rm_nn_attention(ctx, d, h, opt_num(L, 4, 0, fn, "dropout"));
+    double p = opt_num(L, 4, 0, fn, "dropout");
+    int path = attention_path_opt(L, 5, fn);
+    m = with_path(ctx, rm_nn_attention(ctx, d, h, p), path);
   } else if (!strcmp(kind, "MLP")) {
     int64_t d = check_size(L, 2, fn, "the size");
     int64_t hid = lua_isnoneornil(L, 3) ? 4 * d : check_size(L, 3, fn, "hidden");
     m = rm_nn_mlp(ctx, d, hid, opt_num(L, 4, 0, fn, "dropout"));
   } else if (!strcmp(kind, "TransformerBlock")) {
     int64_t d = check_size(L, 2, fn, "the size"), h = check_size(L, 3, fn, "heads");
-    m = rm_nn_block(ctx, d, h, opt_num(L, 4, 0, fn, "dropout"));
+    double p = opt_num(L, 4, 0, fn, "dropout");
+    int path = attention_path_opt(L, 5, fn);
+    m = with_path(ctx, rm_nn_block(ctx, d, h, p), path);
   } else if (!strcmp(kind, "Residual")) {
     m = rm_nn_residual(ctx, rm_lua_check_module(L, 2, fn));
   } else if (!strcmp(kind, "Sequential")) {
