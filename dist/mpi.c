@@ -107,6 +107,7 @@ static int new_req(rm_dist_req **req, char *err) {
 }
 
 static int d_init(int *rank, int *size, int *local_rank, char *err) {
+  if (S.finalized) return fail(err, RM_DIST_EFAIL, "MPI was finalised in this process and cannot start again");
   int flag = 0;
   MPI_Initialized(&flag);
   if (!S.inited) {
