@@ -3,7 +3,9 @@
 -- convention (first argument --plan: return { model =, input =, loss = }).
 local remat = require "remat"
 
-local build = os.getenv("REMAT_BUILD") or "build"
+-- The build directory: REMAT_BUILD, else the one remat.so was loaded from, else "build".
+local build = os.getenv("REMAT_BUILD")
+  or (package.searchpath("remat", package.cpath) or ""):match("^(.*)/remat%.so$") or "build"
 local remat_bin = build .. "/remat"
 
 -- Runs `remat script args...`; returns the output (stdout and stderr) and the exit code.
