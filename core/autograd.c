@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "autograd.h"
-#include "checkpoint.h"
+#include "measure.h"
 #include "ops.h"
 
 int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat) {
@@ -170,13 +170,12 @@ int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad) {
     count_leaf_edges(list, count, 1);
     rc = rm_accumulate(ctx, &root->grad_fn->gout[root->out_index], seed, ctx->category);
     for (size_t k = 0; k < count && rc == RM_OK; k++) {
-      if (ctx->measure) rm_ckpt_before_node(ctx, list[k]);
+      if (ctx->measure) rm_measure_before_node(ctx, ctx->measure, list[k]);
       rc = run_node(ctx, list[k]);
       if (rc == RM_OK) rc = leaves_done(ctx, list[k]);
       else count_leaf_edges(list + k, 1, -1);
       rm_node_release_saved(ctx, list[k]);
       list[k]->done = true;
-      if (ctx->measure) rm_ckpt_after_node(ctx, list[k]);
     }
     for (size_t k = 0; k < count; k++) {
       if (rc && !list[k]->done) count_leaf_edges(list + k, 1, -1);

@@ -74,11 +74,3 @@ void rm_ckpt_finish(rm_ctx *ctx, rm_ckpt *st) {
   st->nodes = NULL;
   st->n = st->cap = 0;
 }
-
-void rm_ckpt_before_node(rm_ctx *ctx, rm_node *n) {
-  if (ctx->measure) rm_measure_before_node(ctx, ctx->measure, n);
-}
-
-void rm_ckpt_after_node(rm_ctx *ctx, rm_node *n) {
-  if (ctx->measure) rm_measure_after_node(ctx, ctx->measure, n);
-}

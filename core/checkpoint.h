@@ -25,9 +25,6 @@ typedef struct rm_ckpt {
 
 /* Called by the tape for every recorded node while ctx->ckpt is set. */
 void rm_ckpt_on_record(rm_ctx *ctx, rm_node *n);
-/* Called around each node's backward (measurement of dry runs). */
-void rm_ckpt_before_node(rm_ctx *ctx, rm_node *n);
-void rm_ckpt_after_node(rm_ctx *ctx, rm_node *n);
 
 /* Engine steps used by rm_sequential_forward. */
 void rm_ckpt_layer_begin(rm_ctx *ctx, rm_ckpt *st, int layer, rm_tensor *x);

@@ -52,7 +52,3 @@ void rm_measure_before_node(rm_ctx *ctx, rm_measure *m, rm_node *n) {
   m->window_start = act_live(ctx, m);
   window_open(ctx, m);
 }
-
-void rm_measure_after_node(rm_ctx *ctx, rm_measure *m, rm_node *n) {
-  (void)ctx; (void)m; (void)n;
-}

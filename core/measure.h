@@ -19,8 +19,8 @@ void rm_measure_layer_begin(rm_ctx *ctx, rm_measure *m, int layer, rm_tensor *x)
 void rm_measure_layer_end(rm_ctx *ctx, rm_measure *m, int layer, rm_tensor *x, rm_tensor *y);
 void rm_measure_on_op(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
                       const rm_attrs *a, rm_tensor *const *out);
+/* Opens the backward window of n's layer when backward moves to another layer. */
 void rm_measure_before_node(rm_ctx *ctx, rm_measure *m, rm_node *n);
-void rm_measure_after_node(rm_ctx *ctx, rm_measure *m, rm_node *n);
 /* Closes the open backward window. */
 void rm_measure_close(rm_ctx *ctx, rm_measure *m);
 

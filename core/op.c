@@ -57,11 +57,6 @@ int rm_check_same_dtype(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *
   return RM_OK;
 }
 
-int rm_check_float(rm_ctx *ctx, const char *op, rm_tensor *t) {
-  (void)ctx; (void)op; (void)t;
-  return RM_OK; /* every dtype remat has is a float type */
-}
-
 int rm_broadcast_shape(rm_ctx *ctx, const char *op, int na, const int64_t *a, int nb,
                        const int64_t *b, int *nout, int64_t *out) {
   int n = na > nb ? na : nb;

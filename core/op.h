@@ -120,7 +120,6 @@ int rm_node_recompute(rm_ctx *ctx, rm_node *n);
 /* Helpers for infer steps. */
 int rm_check_same_device(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in);
 int rm_check_same_dtype(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in);
-int rm_check_float(rm_ctx *ctx, const char *op, rm_tensor *t);
 /* Broadcast shapes a and b (numpy rules) into out; error names op and both shapes. */
 int rm_broadcast_shape(rm_ctx *ctx, const char *op, int na, const int64_t *a, int nb,
                        const int64_t *b, int *nout, int64_t *out);
