@@ -72,6 +72,7 @@ static rm_tensor *scratch(rm_ctx *ctx, rm_dtype dt, int nth, int64_t per) {
     for (int64_t d = 0; d < hd; d++) {                                                  \
       T xd = x[d];                                                                      \
       const T *row = mT + d * ld;                                                       \
+      _Pragma("omp simd")                                                             \
       for (int64_t j = 0; j < n; j++) out[j] += xd * row[j];                            \
     }                                                                                   \
   }
@@ -104,6 +105,7 @@ static rm_tensor *scratch(rm_ctx *ctx, rm_dtype dt, int nth, int64_t per) {
         for (int64_t j = 0; j < ke; j++) {                                               \
           T p = s[j];                                                                    \
           const T *vr = vb + j * hd;                                                     \
+          _Pragma("omp simd")                                                           \
           for (int64_t d = 0; d < hd; d++) yr[d] += p * vr[d];                           \
         }                                                                                \
         T inv = l > 0 ? (T)(1.0 / l) : (T)0;                                             \
@@ -147,6 +149,7 @@ static rm_tensor *scratch(rm_ctx *ctx, rm_dtype dt, int nth, int64_t per) {
         for (int64_t j = 0; j < ke; j++) {                                               \
           T ds = EXP(s[j] - L) * (dp[j] - Dt);                                           \
           const T *kr = kb + j * hd;                                                     \
+          _Pragma("omp simd")                                                           \
           for (int64_t d = 0; d < hd; d++) gqr[d] += ds * kr[d];                         \
         }                                                                                \
         for (int64_t d = 0; d < hd; d++) gqr[d] *= (T)g->scale;                          \
@@ -183,6 +186,7 @@ static rm_tensor *scratch(rm_ctx *ctx, rm_dtype dt, int nth, int64_t per) {
         for (int64_t i = i0; i < nq; i++) {                                              \
           T p = EXP(s[i] - Lb[is + i]), ds = p * (dp[i] - D[i]);                         \
           const T *qr = qb + (is + i) * hd, *gr = gyb + (is + i) * hd;                   \
+          _Pragma("omp simd")                                                           \
           for (int64_t d = 0; d < hd; d++) {                                             \
             gvr[d] += p * gr[d];                                                         \
             gkr[d] += ds * qr[d];                                                        \
