@@ -83,7 +83,7 @@ static void *try_alloc(rm_ctx *ctx, const rm_backend *b, rm_device dev, rm_categ
     oom_error(ctx, dev, cat, bytes, "allocation past the limit");
     return NULL;
   }
-  if (ctx->dry) return (void *)1; /* phantom: accounted, never touched */
+  if (ctx->dry && ctx->phantom_ok) return (void *)1; /* phantom: accounted, never touched */
   void *p = b->malloc(ctx, bytes ? bytes : 1);
   if (!p) {
     *over = true;
@@ -118,8 +118,10 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
   s->device = dev;
   s->category = cat;
   s->bytes = bytes;
-  s->data = ctx->dry ? NULL : p;
-  s->phantom = ctx->dry;
+  s->phantom = ctx->dry && ctx->phantom_ok;
+  s->data = s->phantom ? NULL : p;
+  s->epoch = ctx->dry ? ctx->dry_epoch : 0;
+  if (s->epoch) ctx->dry_live[dev][cat] += bytes;
   m->live[cat] += bytes;
   m->live_total += bytes;
   m->reserved = b->reserved ? b->reserved(ctx) : m->reserved + bytes;
@@ -138,16 +140,18 @@ void rm_storage_retain(rm_storage *s) { s->refcount++; }
 
 void rm_storage_release(rm_ctx *ctx, rm_storage *s) {
   if (!s || --s->refcount > 0) return;
-  if (s->phantom && !ctx->dry) {
-    /* a dry run's statistics were put back when it ended: nothing to account */
+  const rm_backend *b = ctx->backend[s->device];
+  if (s->epoch && (!ctx->dry || s->epoch != ctx->dry_epoch)) {
+    /* made by a dry run that has ended: its bytes stopped counting then */
+    if (s->data) b->free(ctx, s->data, s->bytes);
     rm_host_free(ctx, s, sizeof *s);
     return;
   }
   rm_memstats *m = &ctx->mem[s->device];
+  if (s->epoch) ctx->dry_live[s->device][s->category] -= s->bytes;
   m->live[s->category] -= s->bytes;
   m->live_total -= s->bytes;
   if (s->tag >= 0 && ctx->measure && s->tag < ctx->measure->n) ctx->measure->tag_live[s->tag] -= s->bytes;
-  const rm_backend *b = ctx->backend[s->device];
   if (s->data) b->free(ctx, s->data, s->bytes);
   m->reserved = b->reserved ? b->reserved(ctx) : m->reserved - s->bytes;
   rm_host_free(ctx, s, sizeof *s);
@@ -157,6 +161,19 @@ void rm_memory_reset_peak(rm_ctx *ctx, rm_device dev) {
   rm_memstats *m = &ctx->mem[dev];
   for (int c = 0; c < RM_CAT_COUNT; c++) m->peak[c] = m->live[c];
   m->peak_total = m->live_total;
+}
+
+void rm_memory_end_dry(rm_ctx *ctx) {
+  for (int d = 0; d < RM_DEVICE_COUNT; d++) {
+    rm_memstats *m = &ctx->mem[d];
+    for (int c = 0; c < RM_CAT_COUNT; c++) {
+      size_t b = ctx->dry_live[d][c];
+      m->live[c] -= b;
+      m->live_total -= b;
+      if (!ctx->backend[d] || !ctx->backend[d]->reserved) m->reserved -= b;
+      ctx->dry_live[d][c] = 0;
+    }
+  }
 }
 
 void rm_memory_fail_at(rm_ctx *ctx, uint64_t k) {

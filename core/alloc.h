@@ -12,7 +12,8 @@ typedef struct rm_storage {
   rm_category category;
   size_t bytes;
   int tag;             /* measured layer that allocated it (dry runs), -1 otherwise */
-  bool phantom;        /* made by a dry run: no data; its bytes count only during the run */
+  bool phantom;        /* an op output of a dry run: no data behind it */
+  uint32_t epoch;      /* the dry run that made it (0: a real run); counted only in it */
   void *data;          /* NULL in a dry run (phantom storage: accounted, no memory) */
 } rm_storage;
 
@@ -29,6 +30,8 @@ bool rm_parse_bytes(const char *s, size_t *out);
 char *rm_format_bytes(size_t b, char *buf, size_t n);
 
 void rm_memory_reset_peak(rm_ctx *ctx, rm_device dev);
+/* Ends a dry run's accounting: what it made and still lives stops counting. */
+void rm_memory_end_dry(rm_ctx *ctx);
 /* Debug: make the k-th allocation from now fail (k = 0 switches it off). */
 void rm_memory_fail_at(rm_ctx *ctx, uint64_t k);
 

@@ -36,7 +36,10 @@ struct rm_ctx {
 
   uint64_t rng_seed, rng_offset;  /* counter-based generator state */
   bool grad_enabled;
-  bool dry;                       /* dry run: storages are phantom, kernels are skipped */
+  bool dry;                       /* dry run: op outputs are phantom, kernels are skipped */
+  bool phantom_ok;                /* set while an op allocates its outputs (dry: phantom) */
+  uint32_t dry_epoch;             /* which dry run (storages made in one carry it) */
+  size_t dry_live[RM_DEVICE_COUNT][RM_CAT_COUNT]; /* live bytes made by this dry run */
   uint64_t node_seq;
   int64_t live_nodes, live_tensors;
 

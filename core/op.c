@@ -162,10 +162,12 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
     }
     args[i] = t;
   }
+  ctx->phantom_ok = true; /* in a dry run, op outputs have no data */
   for (int j = 0; j < nout && rc == RM_OK; j++) {
     outs[j] = rm_tensor_new_meta(ctx, &meta[j], ctx->category);
     if (!outs[j]) rc = ctx->err_code;
   }
+  ctx->phantom_ok = false;
   if (rc == RM_OK && !ctx->dry) {
     rc = k(ctx, nargs, args, nout, outs, a);
     if (rc && !ctx->err[0]) rm_fail(ctx, rc, "%s failed on %s", def->name, b->name);

@@ -104,9 +104,10 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   }
   for (int i = 0; i < n; i++) rm_module_visit_params(ctx, seq->children[i], param_bytes, &m.layers[i].param_bytes);
 
-  /* everything a dry run may disturb */
+  /* everything a dry run may disturb; its own bytes stop counting when it ends */
   rm_memstats saved_mem[RM_DEVICE_COUNT];
   memcpy(saved_mem, ctx->mem, sizeof saved_mem);
+  ctx->dry_epoch++;
   uint64_t seed = ctx->rng_seed, offset = ctx->rng_offset;
   bool grad = ctx->grad_enabled;
   rm_category cat = ctx->category;
@@ -162,8 +163,18 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   restore r = { &st, 0, ctx };
   rm_module_visit_params(ctx, seq, restore_grad, &r);
   rm_host_free(ctx, st.grads, st.cap * sizeof *st.grads);
+  rm_memory_end_dry(ctx);
   ctx->dry = false;
-  memcpy(ctx->mem, saved_mem, sizeof saved_mem);
+  for (int d = 0; d < RM_DEVICE_COUNT; d++) {
+    rm_memstats *cur = &ctx->mem[d], *was = &saved_mem[d];
+    for (int c = 0; c < RM_CAT_COUNT; c++)
+      cur->peak[c] = was->peak[c] > cur->live[c] ? was->peak[c] : cur->live[c];
+    cur->peak_total = was->peak_total > cur->live_total ? was->peak_total : cur->live_total;
+    cur->limit = was->limit;
+    cur->fail_at = was->fail_at;
+    cur->n_allocs = was->n_allocs;
+    cur->window = was->window;
+  }
   ctx->rng_seed = seed;
   ctx->rng_offset = offset;
   ctx->grad_enabled = grad;
