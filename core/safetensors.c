@@ -1,4 +1,4 @@
-/* safetensors: atomic writer, strict reader with its own small JSON parser.
+/* safetensors: atomic writer, strict reader (the header JSON is read with core/json.h).
  * See safetensors.h for the format and the guarantees. */
 #include <errno.h>
 #include <fcntl.h>
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "json.h"
 #include "ops.h"
 #include "safetensors.h"
 
@@ -16,7 +17,6 @@
 #error "safetensors.c assumes a little-endian host"
 #endif
 
-#define JSON_MAX_DEPTH 32
 #define CHUNK_BYTES ((size_t)1 << 20)
 #define ULL(x) ((unsigned long long)(x))
 
@@ -38,29 +38,6 @@ static const char *st_name_of(rm_dtype d) {
   case RM_F16: return "F16";
   default: return NULL;
   }
-}
-
-/* Length of the valid UTF-8 prefix of s[0..n) (n when all of it is valid). */
-static size_t utf8_valid_prefix(const unsigned char *s, size_t n) {
-  size_t i = 0;
-  while (i < n) {
-    unsigned c = s[i];
-    size_t len;
-    unsigned min;
-    if (c < 0x80) { i++; continue; }
-    if ((c & 0xE0) == 0xC0) { len = 2; min = 0x80; c &= 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; min = 0x800; c &= 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; min = 0x10000; c &= 0x07; }
-    else return i;
-    if (n - i < len) return i;
-    for (size_t k = 1; k < len; k++) {
-      if ((s[i + k] & 0xC0) != 0x80) return i;
-      c = (c << 6) | (s[i + k] & 0x3F);
-    }
-    if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return i;
-    i += len;
-  }
-  return n;
 }
 
 /* ---------------------------------------------------------------- writing ---- */
@@ -104,7 +81,7 @@ static void sb_json_string(sbuf *b, const char *s) {
 static int check_name(rm_ctx *ctx, const char *path, const char *what, const char *s) {
   if (!s) return rm_fail(ctx, RM_ERR_ARG, "%s: a %s is missing (NULL)", path, what);
   size_t n = strlen(s);
-  if (utf8_valid_prefix((const unsigned char *)s, n) != n)
+  if (rm_utf8_valid_prefix((const unsigned char *)s, n) != n)
     return rm_fail(ctx, RM_ERR_ARG, "%s: %s '%s' is not valid UTF-8", path, what, s);
   return RM_OK;
 }
@@ -344,202 +321,6 @@ typedef struct st_priv {
   size_t out_n, out_m;          /* entries allocated in the rm_safetensors arrays */
 } st_priv;
 
-typedef struct jp {
-  rm_ctx *ctx;
-  const char *path;
-  char *p, *end, *base;
-  st_priv *pv;
-} jp;
-
-static int js_fail(jp *j, const char *what) {
-  return rm_fail(j->ctx, RM_ERR_IO, "%s: corrupted header: %s at byte %lld", j->path, what,
-                 (long long)(8 + (j->p - j->base)));
-}
-
-static void js_ws(jp *j) {
-  while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
-}
-
-/* Consumes c after optional whitespace. */
-static int js_expect(jp *j, char c) {
-  js_ws(j);
-  if (j->p >= j->end) return js_fail(j, "unexpected end of the header");
-  if (*j->p != c) {
-    char what[32];
-    snprintf(what, sizeof what, "expected '%c'", c);
-    return js_fail(j, what);
-  }
-  j->p++;
-  return RM_OK;
-}
-
-static int js_hex4(jp *j, unsigned *out) {
-  if (j->end - j->p < 4) return js_fail(j, "truncated \\u escape");
-  unsigned v = 0;
-  for (int k = 0; k < 4; k++) {
-    const char *hex = "0123456789abcdef0123456789ABCDEF", *at = j->p[k] ? strchr(hex, j->p[k]) : NULL;
-    if (!at) return js_fail(j, "bad \\u escape");
-    v = v * 16 + (unsigned)((at - hex) % 16);
-  }
-  j->p += 4;
-  *out = v;
-  return RM_OK;
-}
-
-/* Parses a string literal, decoding it in place (the decoded form is never longer),
- * NUL-terminated; *out points into the header buffer. */
-static int js_string(jp *j, const char **out) {
-  js_ws(j);
-  if (j->p >= j->end) return js_fail(j, "unexpected end of the header");
-  if (*j->p != '"') return js_fail(j, "expected a string");
-  char *w = ++j->p, *start = w;
-  for (;;) {
-    if (j->p >= j->end) return js_fail(j, "unterminated string");
-    unsigned char c = (unsigned char)*j->p;
-    if (c == '"') { j->p++; break; }
-    if (c < 0x20) return js_fail(j, "control character in a string");
-    if (c != '\\') { *w++ = *j->p++; continue; }
-    if (++j->p >= j->end) return js_fail(j, "unterminated string");
-    c = (unsigned char)*j->p++;
-    const char *simple = "\"\\/bfnrt", *at = c ? strchr(simple, c) : NULL;
-    unsigned cp;
-    if (at) { *w++ = "\"\\/\b\f\n\r\t"[at - simple]; continue; }
-    switch (c) {
-    case 'u':
-      if (js_hex4(j, &cp) != RM_OK) return j->ctx->err_code;
-      if (cp >= 0xDC00 && cp <= 0xDFFF) return js_fail(j, "lone low surrogate in \\u escape");
-      if (cp >= 0xD800 && cp <= 0xDBFF) {
-        unsigned lo;
-        if (j->end - j->p < 2 || j->p[0] != '\\' || j->p[1] != 'u')
-          return js_fail(j, "lone high surrogate in \\u escape");
-        j->p += 2;
-        if (js_hex4(j, &lo) != RM_OK) return j->ctx->err_code;
-        if (lo < 0xDC00 || lo > 0xDFFF) return js_fail(j, "bad surrogate pair in \\u escape");
-        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-      }
-      if (cp == 0) return js_fail(j, "\\u0000 in a string");
-      if (cp < 0x80) *w++ = (char)cp;
-      else if (cp < 0x800) { *w++ = (char)(0xC0 | (cp >> 6)); *w++ = (char)(0x80 | (cp & 0x3F)); }
-      else if (cp < 0x10000) {
-        *w++ = (char)(0xE0 | (cp >> 12)); *w++ = (char)(0x80 | ((cp >> 6) & 0x3F));
-        *w++ = (char)(0x80 | (cp & 0x3F));
-      } else {
-        *w++ = (char)(0xF0 | (cp >> 18)); *w++ = (char)(0x80 | ((cp >> 12) & 0x3F));
-        *w++ = (char)(0x80 | ((cp >> 6) & 0x3F)); *w++ = (char)(0x80 | (cp & 0x3F));
-      }
-      continue;
-    default: return js_fail(j, "bad escape in a string");
-    }
-  }
-  *w = 0;
-  *out = start;
-  return RM_OK;
-}
-
-static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-/* A non-negative integer (no sign, fraction or exponent), at most INT64_MAX. */
-static int js_uint(jp *j, uint64_t *out) {
-  js_ws(j);
-  if (j->p >= j->end) return js_fail(j, "unexpected end of the header");
-  if (*j->p == '-') return js_fail(j, "negative number where a size or offset was expected");
-  if (!is_digit(*j->p)) return js_fail(j, "expected a number");
-  if (*j->p == '0' && j->p + 1 < j->end && is_digit(j->p[1])) return js_fail(j, "number with a leading zero");
-  uint64_t v = 0;
-  while (j->p < j->end && is_digit(*j->p)) {
-    unsigned d = (unsigned)(*j->p - '0');
-    if (v > ((uint64_t)INT64_MAX - d) / 10) return js_fail(j, "number too large");
-    v = v * 10 + d;
-    j->p++;
-  }
-  if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E'))
-    return js_fail(j, "expected an integer");
-  *out = v;
-  return RM_OK;
-}
-
-static int js_skip_number(jp *j) {
-  if (j->p < j->end && *j->p == '-') j->p++;
-  if (j->p >= j->end || !is_digit(*j->p)) return js_fail(j, "bad number");
-  if (*j->p == '0') j->p++;
-  else while (j->p < j->end && is_digit(*j->p)) j->p++;
-  if (j->p < j->end && *j->p == '.') {
-    j->p++;
-    if (j->p >= j->end || !is_digit(*j->p)) return js_fail(j, "bad number");
-    while (j->p < j->end && is_digit(*j->p)) j->p++;
-  }
-  if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
-    j->p++;
-    if (j->p < j->end && (*j->p == '+' || *j->p == '-')) j->p++;
-    if (j->p >= j->end || !is_digit(*j->p)) return js_fail(j, "bad number");
-    while (j->p < j->end && is_digit(*j->p)) j->p++;
-  }
-  return RM_OK;
-}
-
-static int js_literal(jp *j, const char *lit) {
-  size_t n = strlen(lit);
-  if ((size_t)(j->end - j->p) < n || memcmp(j->p, lit, n)) return js_fail(j, "unexpected character");
-  j->p += n;
-  return RM_OK;
-}
-
-/* Skips any JSON value (fields of a tensor entry that remat does not use). */
-static int js_skip(jp *j, int depth) {
-  if (depth > JSON_MAX_DEPTH) return js_fail(j, "nesting too deep");
-  js_ws(j);
-  if (j->p >= j->end) return js_fail(j, "unexpected end of the header");
-  const char *s;
-  char c = *j->p;
-  if (c == '"') return js_string(j, &s);
-  if (c == 't') return js_literal(j, "true");
-  if (c == 'f') return js_literal(j, "false");
-  if (c == 'n') return js_literal(j, "null");
-  if (c == '-' || is_digit(c)) return js_skip_number(j);
-  if (c != '[' && c != '{') return js_fail(j, "unexpected character");
-  char close = c == '[' ? ']' : '}';
-  j->p++;
-  js_ws(j);
-  if (j->p < j->end && *j->p == close) { j->p++; return RM_OK; }
-  for (;;) {
-    if (close == '}') {
-      if (js_string(j, &s) != RM_OK || js_expect(j, ':') != RM_OK) return j->ctx->err_code;
-    }
-    if (js_skip(j, depth + 1) != RM_OK) return j->ctx->err_code;
-    js_ws(j);
-    if (j->p >= j->end) return js_fail(j, "unexpected end of the header");
-    if (*j->p == close) { j->p++; return RM_OK; }
-    if (*j->p != ',') return js_fail(j, "expected ',' or a closing bracket");
-    j->p++;
-  }
-}
-
-/* Iterates over "[v1, v2, ...]" / "{k: v, ...}": js_expect the opening bracket, then
- * js_next before each element: 1 while there is one, 0 at the closing bracket, <0 on error. */
-static int js_next(jp *j, char close, int *count) {
-  js_ws(j);
-  if (j->p >= j->end) { js_fail(j, "unexpected end of the header"); return -1; }
-  if (*j->p == close) { j->p++; return 0; }
-  if (*count > 0) {
-    if (*j->p != ',') { js_fail(j, close == ']' ? "expected ',' or ']'" : "expected ',' or '}'"); return -1; }
-    j->p++;
-  }
-  (*count)++;
-  return 1;
-}
-
-/* An array of non-negative integers; stops reading past max of them (*n = max + 1). */
-static int js_uints(jp *j, uint64_t *v, int max, int *n) {
-  if (js_expect(j, '[') != RM_OK) return j->ctx->err_code;
-  int count = 0, r;
-  while ((r = js_next(j, ']', &count)) > 0) {
-    if (count > max) { *n = count; return RM_OK; }
-    if (js_uint(j, &v[count - 1]) != RM_OK) return j->ctx->err_code;
-  }
-  *n = count;
-  return r < 0 ? j->ctx->err_code : RM_OK;
-}
-
 static int grow(rm_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return RM_OK;
   size_t nc = *cap ? *cap * 2 : 16;
@@ -551,18 +332,16 @@ static int grow(rm_ctx *ctx, void **p, size_t *cap, size_t need, size_t elem) {
   return RM_OK;
 }
 
-static int parse_metadata(jp *j) {
-  st_priv *pv = j->pv;
-  js_ws(j);
-  if (j->end - j->p >= 4 && !memcmp(j->p, "null", 4)) { j->p += 4; return RM_OK; }
-  if (js_expect(j, '{') != RM_OK) return j->ctx->err_code;
+static int parse_metadata(rm_json *j, st_priv *pv) {
+  if (rm_json_take_null(j)) return RM_OK;
+  if (rm_json_expect(j, '{') != RM_OK) return j->ctx->err_code;
   int count = 0, r;
-  while ((r = js_next(j, '}', &count)) > 0) {
+  while ((r = rm_json_next(j, '}', &count)) > 0) {
     const char *k, *v;
-    if (js_string(j, &k) != RM_OK || js_expect(j, ':') != RM_OK) return j->ctx->err_code;
-    js_ws(j);
-    if (j->p < j->end && *j->p != '"') return js_fail(j, "a __metadata__ value is not a string");
-    if (js_string(j, &v) != RM_OK) return j->ctx->err_code;
+    if (rm_json_string(j, &k) != RM_OK || rm_json_expect(j, ':') != RM_OK) return j->ctx->err_code;
+    rm_json_skip_ws(j);
+    if (j->p < j->end && *j->p != '"') return rm_json_fail(j, "a __metadata__ value is not a string");
+    if (rm_json_string(j, &v) != RM_OK) return j->ctx->err_code;
     /* kept as (key, value) pairs in one array */
     if (grow(j->ctx, (void **)&pv->kv, &pv->kv_cap, 2 * pv->nmeta + 2, sizeof *pv->kv) != RM_OK)
       return j->ctx->err_code;
@@ -574,42 +353,42 @@ static int parse_metadata(jp *j) {
 }
 
 /* One tensor entry: {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}. */
-static int parse_entry(jp *j, st_entry *e) {
+static int parse_entry(rm_json *j, st_entry *e) {
   rm_ctx *ctx = j->ctx;
   bool have_dt = false, have_shape = false, have_off = false;
-  if (js_expect(j, '{') != RM_OK) return ctx->err_code;
+  if (rm_json_expect(j, '{') != RM_OK) return ctx->err_code;
   int count = 0, r;
-  while ((r = js_next(j, '}', &count)) > 0) {
+  while ((r = rm_json_next(j, '}', &count)) > 0) {
     const char *key;
-    if (js_string(j, &key) != RM_OK || js_expect(j, ':') != RM_OK) return ctx->err_code;
+    if (rm_json_string(j, &key) != RM_OK || rm_json_expect(j, ':') != RM_OK) return ctx->err_code;
     if (!strcmp(key, "dtype")) {
       const char *dt;
-      if (have_dt) return js_fail(j, "\"dtype\" given twice");
+      if (have_dt) return rm_json_fail(j, "\"dtype\" given twice");
       have_dt = true;
-      if (js_string(j, &dt) != RM_OK) return ctx->err_code;
+      if (rm_json_string(j, &dt) != RM_OK) return ctx->err_code;
       e->dt = -1;
       for (int k = 0; k < N_ST_DTYPES; k++)
         if (!strcmp(dt, st_dtypes[k].name)) e->dt = k;
       if (e->dt < 0)
         return rm_fail(ctx, RM_ERR_IO, "%s: tensor '%s' has an unknown dtype '%s'", j->path, e->name, dt);
     } else if (!strcmp(key, "shape")) {
-      if (have_shape) return js_fail(j, "\"shape\" given twice");
+      if (have_shape) return rm_json_fail(j, "\"shape\" given twice");
       have_shape = true;
       uint64_t v[RM_MAX_DIM];
-      if (js_uints(j, v, RM_MAX_DIM, &e->ndim) != RM_OK) return ctx->err_code;
+      if (rm_json_uints(j, v, RM_MAX_DIM, &e->ndim) != RM_OK) return ctx->err_code;
       if (e->ndim > RM_MAX_DIM)
         return rm_fail(ctx, RM_ERR_IO, "%s: tensor '%s' has more than %d dimensions", j->path, e->name, RM_MAX_DIM);
       for (int d = 0; d < e->ndim; d++) e->shape[d] = (int64_t)v[d];
     } else if (!strcmp(key, "data_offsets")) {
-      if (have_off) return js_fail(j, "\"data_offsets\" given twice");
+      if (have_off) return rm_json_fail(j, "\"data_offsets\" given twice");
       have_off = true;
       uint64_t v[2];
       int n;
-      if (js_uints(j, v, 2, &n) != RM_OK) return ctx->err_code;
-      if (n != 2) return js_fail(j, "data_offsets needs exactly 2 numbers");
+      if (rm_json_uints(j, v, 2, &n) != RM_OK) return ctx->err_code;
+      if (n != 2) return rm_json_fail(j, "data_offsets needs exactly 2 numbers");
       e->begin = v[0];
       e->end = v[1];
-    } else if (js_skip(j, 2) != RM_OK) {
+    } else if (rm_json_skip_value(j, 2) != RM_OK) {
       return ctx->err_code;
     }
   }
@@ -620,18 +399,17 @@ static int parse_entry(jp *j, st_entry *e) {
   return RM_OK;
 }
 
-static int parse_header(jp *j) {
-  st_priv *pv = j->pv;
+static int parse_header(rm_json *j, st_priv *pv) {
   bool have_meta = false;
-  if (js_expect(j, '{') != RM_OK) return j->ctx->err_code;
+  if (rm_json_expect(j, '{') != RM_OK) return j->ctx->err_code;
   int count = 0, r;
-  while ((r = js_next(j, '}', &count)) > 0) {
+  while ((r = rm_json_next(j, '}', &count)) > 0) {
     const char *name;
-    if (js_string(j, &name) != RM_OK || js_expect(j, ':') != RM_OK) return j->ctx->err_code;
+    if (rm_json_string(j, &name) != RM_OK || rm_json_expect(j, ':') != RM_OK) return j->ctx->err_code;
     if (!strcmp(name, "__metadata__")) {
-      if (have_meta) return js_fail(j, "__metadata__ given twice");
+      if (have_meta) return rm_json_fail(j, "__metadata__ given twice");
       have_meta = true;
-      if (parse_metadata(j) != RM_OK) return j->ctx->err_code;
+      if (parse_metadata(j, pv) != RM_OK) return j->ctx->err_code;
       continue;
     }
     if (grow(j->ctx, (void **)&pv->ent, &pv->ent_cap, pv->nent + 1, sizeof *pv->ent) != RM_OK)
@@ -642,8 +420,8 @@ static int parse_header(jp *j) {
     if (parse_entry(j, e) != RM_OK) return j->ctx->err_code;
   }
   if (r < 0) return j->ctx->err_code;
-  js_ws(j);
-  if (j->p != j->end) return js_fail(j, "unexpected data after the header object");
+  rm_json_skip_ws(j);
+  if (j->p != j->end) return rm_json_fail(j, "unexpected data after the header object");
   return RM_OK;
 }
 
@@ -859,11 +637,11 @@ static int read_header(rm_ctx *ctx, FILE *f, const char *path, st_priv *pv, uint
   if (fread(pv->hdr, 1, (size_t)hn, f) != hn)
     return rm_fail(ctx, RM_ERR_IO, "%s: the file ended inside the header", path);
   pv->hdr[hn] = 0;
-  size_t ok = utf8_valid_prefix((const unsigned char *)pv->hdr, (size_t)hn);
+  size_t ok = rm_utf8_valid_prefix((const unsigned char *)pv->hdr, (size_t)hn);
   if (ok != hn)
     return rm_fail(ctx, RM_ERR_IO, "%s: corrupted header: invalid UTF-8 at byte %llu", path, ULL(8 + ok));
-  jp j = { ctx, path, pv->hdr, pv->hdr + hn, pv->hdr, pv };
-  if (parse_header(&j) != RM_OK) return ctx->err_code;
+  rm_json j = { ctx, path, pv->hdr, pv->hdr + hn, pv->hdr, 8 };
+  if (parse_header(&j, pv) != RM_OK) return ctx->err_code;
   *data_at = 8 + hn;
   *data_len = size - 8 - hn;
   return RM_OK;
