@@ -1,6 +1,9 @@
-/* Shared helpers for CPU kernels: strided addressing and dtype dispatch. */
+/* Shared helpers for CPU kernels: strided addressing, dtype dispatch, index values. */
 #ifndef REMAT_KERNELS_CPU_H
 #define REMAT_KERNELS_CPU_H
+
+#include <math.h>
+#include <stdio.h>
 
 #include "../../core/backend.h"
 
@@ -23,5 +26,47 @@ static inline int64_t rm_cpu_offset(const rm_tensor *t, int64_t i) {
 
 /* Rows for OpenMP: only parallelise loops worth a thread. */
 #define RM_CPU_PAR_MIN 32768
+
+/* The data of a tensor of index values (gather/index_select/embedding indices,
+ * cross_entropy labels: 1-based whole numbers), whichever of its two float dtypes. */
+typedef struct { const float *f; const double *d; } rm_cpu_indices;
+
+static inline rm_cpu_indices rm_cpu_indices_of(const rm_tensor *t) {
+  rm_cpu_indices p = { NULL, NULL };
+  if (t->dtype == RM_F64) p.d = rm_tensor_ptr(t);
+  else p.f = rm_tensor_ptr(t);
+  return p;
+}
+
+/* 0-based position held at k (valid once rm_cpu_check_indices passed). */
+static inline int64_t rm_cpu_index_at(rm_cpu_indices p, int64_t k) {
+  return (int64_t)(p.d ? p.d[k] : (double)p.f[k]) - 1;
+}
+
+/* Checks that each value of idx is a whole number in 1..size, so that kernels never
+ * read out of bounds. Raises RM_ERR_ARG "<op>: <what> <v> is out of range 1..<size>
+ * (<where>)" (or "is not a whole number in 1..<size>"), where names the dimension
+ * indexed (dim >= 0, 0-based; none when dim < 0) and the bad value's 1-based row-major
+ * position, called `pos` ("position", "row"). Returns RM_OK or the error. */
+static inline int rm_cpu_check_indices(rm_ctx *ctx, const char *op, const char *what,
+                                       const rm_tensor *idx, int64_t size, int dim,
+                                       const char *pos) {
+  rm_cpu_indices p = rm_cpu_indices_of(idx);
+  int64_t n = rm_tensor_numel(idx);
+  for (int64_t k = 0; k < n; k++) {
+    double v = p.d ? p.d[k] : (double)p.f[k];
+    if (v >= 1 && v <= (double)size && v == floor(v)) continue;
+    char where[64];
+    if (dim >= 0) snprintf(where, sizeof where, "dimension %d, %s %lld", dim + 1, pos, (long long)k + 1);
+    else snprintf(where, sizeof where, "%s %lld", pos, (long long)k + 1);
+    if (v != v) v = NAN; /* print "nan", not "-nan" */
+    if (v == floor(v))
+      return rm_fail(ctx, RM_ERR_ARG, "%s: %s %.17g is out of range 1..%lld (%s)", op, what, v,
+                     (long long)size, where);
+    return rm_fail(ctx, RM_ERR_ARG, "%s: %s %.17g is not a whole number in 1..%lld (%s)", op, what, v,
+                   (long long)size, where);
+  }
+  return RM_OK;
+}
 
 #endif

@@ -1,49 +1,16 @@
 /* CPU kernels for the indexing ops (see core/op_index.c for shapes and attrs). Inputs
  * are contiguous. Index tensors hold 1-based whole numbers as float32 or float64; each
- * kernel checks them all (serially, before any parallel work) so a bad index is a
- * clear error, never an out-of-bounds access. Accumulating kernels (index_add,
- * scatter_add) give each output element to one thread and add in a fixed order, so
- * results are bit-identical whatever the thread count. */
-#include <math.h>
-#include <stdio.h>
+ * kernel checks them all (rm_cpu_check_indices, serially, before any parallel work) so
+ * a bad index is a clear error, never an out-of-bounds access. Accumulating kernels
+ * (index_add, scatter_add) give each output element to one thread and add in a fixed
+ * order, so results are bit-identical whatever the thread count. */
 #include <string.h>
 
 #include "cpu.h"
 
-/* An index tensor's data, whichever of its two float dtypes it has. */
-typedef struct { const float *f; const double *d; } ixdata;
-
-static ixdata ix_of(const rm_tensor *t) {
-  ixdata p = { NULL, NULL };
-  if (t->dtype == RM_F64) p.d = rm_tensor_ptr(t);
-  else p.f = rm_tensor_ptr(t);
-  return p;
-}
-
-/* 0-based position held at k (valid once check_indices passed). */
-static inline int64_t ix_pos(ixdata p, int64_t k) {
-  return (int64_t)(p.d ? p.d[k] : (double)p.f[k]) - 1;
-}
-
-/* Checks that each of the n values of idx is a whole number in 1..size. The error
- * names the op, the bad value, the valid range, the dimension indexed (dim >= 0) and
- * the position of the bad index (1-based, row-major). */
+/* Index values for dimension dim (-1: none named) of a tensor of that size. */
 static int check_indices(rm_ctx *ctx, const char *op, const rm_tensor *idx, int64_t size, int dim) {
-  ixdata p = ix_of(idx);
-  int64_t n = rm_tensor_numel(idx);
-  for (int64_t k = 0; k < n; k++) {
-    double v = p.d ? p.d[k] : (double)p.f[k];
-    if (v >= 1 && v <= (double)size && v == floor(v)) continue;
-    char where[64];
-    if (dim >= 0) snprintf(where, sizeof where, "dimension %d, position %lld", dim + 1, (long long)k + 1);
-    else snprintf(where, sizeof where, "position %lld", (long long)k + 1);
-    if (v != v) v = NAN; /* print "nan", not "-nan" */
-    if (v == floor(v))
-      return rm_fail(ctx, RM_ERR_ARG, "%s: index %.17g is out of range 1..%lld (%s)", op, v, (long long)size, where);
-    return rm_fail(ctx, RM_ERR_ARG, "%s: index %.17g is not a whole number in 1..%lld (%s)", op, v,
-                   (long long)size, where);
-  }
-  return RM_OK;
+  return rm_cpu_check_indices(ctx, op, "index", idx, size, dim, "position");
 }
 
 /* Sizes before, at and after dimension d of a shape. */
@@ -67,12 +34,12 @@ RM_CPU_KERNEL(index_select) {
   size_t es = rm_dtype_size(x->dtype), row = (size_t)inner * es;
   const char *px = rm_tensor_ptr(x);
   char *po = rm_tensor_ptr(out[0]);
-  ixdata ip = ix_of(idx);
+  rm_cpu_indices ip = rm_cpu_indices_of(idx);
   int64_t rows = outer * len;
   #pragma omp parallel for if (rows * inner > RM_CPU_PAR_MIN)
   for (int64_t r = 0; r < rows; r++) {
     int64_t o = r / len, k = r % len;
-    memcpy(po + (size_t)r * row, px + (size_t)(o * size + ix_pos(ip, k)) * row, row);
+    memcpy(po + (size_t)r * row, px + (size_t)(o * size + rm_cpu_index_at(ip, k)) * row, row);
   }
   return RM_OK;
 }
@@ -114,7 +81,7 @@ static int64_t stride_of(int ndim, const int64_t *shape, int d) {
       group_base(x->ndim, idx->shape, x->shape, d, g, &ib, &xb);                             \
       for (int64_t t = 0; t < line; t++) {                                                   \
         int64_t p = ib + t * istride;                                                        \
-        po[p] = px[xb + ix_pos(ip, p) * xstride];                                            \
+        po[p] = px[xb + rm_cpu_index_at(ip, p) * xstride];                                            \
       }                                                                                      \
     }                                                                                        \
   } while (0)
@@ -128,7 +95,7 @@ RM_CPU_KERNEL(gather) {
   if (n == 0) return RM_OK;
   int64_t groups = n / line;
   int64_t istride = stride_of(idx->ndim, idx->shape, d), xstride = stride_of(x->ndim, x->shape, d);
-  ixdata ip = ix_of(idx);
+  rm_cpu_indices ip = rm_cpu_indices_of(idx);
   if (x->dtype == RM_F64) GATHER_LOOP(double);
   else GATHER_LOOP(float);
   return RM_OK;
@@ -144,7 +111,7 @@ RM_CPU_KERNEL(gather) {
       group_base(src->ndim, src->shape, out[0]->shape, d, g, &ib, &ob);                      \
       for (int64_t t = 0; t < line; t++) {                                                   \
         int64_t p = ib + t * istride;                                                        \
-        po[ob + ix_pos(ip, p) * ostride] += ps[p];                                           \
+        po[ob + rm_cpu_index_at(ip, p) * ostride] += ps[p];                                           \
       }                                                                                      \
     }                                                                                        \
   } while (0)
@@ -160,7 +127,7 @@ RM_CPU_KERNEL(scatter_add) {
   int64_t groups = n / line;
   int64_t istride = stride_of(src->ndim, src->shape, d);
   int64_t ostride = stride_of(out[0]->ndim, out[0]->shape, d);
-  ixdata ip = ix_of(idx);
+  rm_cpu_indices ip = rm_cpu_indices_of(idx);
   if (src->dtype == RM_F64) SCATTER_ADD_LOOP(double);
   else SCATTER_ADD_LOOP(float);
   return RM_OK;
@@ -177,7 +144,7 @@ RM_CPU_KERNEL(scatter_add) {
       int64_t o = tile / chunks, i0 = (tile % chunks) * INDEX_ADD_CHUNK;                     \
       int64_t i1 = i0 + INDEX_ADD_CHUNK < inner ? i0 + INDEX_ADD_CHUNK : inner;              \
       for (int64_t k = 0; k < len; k++) {                                                    \
-        T *dst = po + (o * size + ix_pos(ip, k)) * inner;                                    \
+        T *dst = po + (o * size + rm_cpu_index_at(ip, k)) * inner;                                    \
         const T *s = ps + (o * len + k) * inner;                                             \
         for (int64_t i = i0; i < i1; i++) dst[i] += s[i];                                    \
       }                                                                                      \
@@ -196,7 +163,7 @@ RM_CPU_KERNEL(index_add) {
   int64_t n = rm_tensor_numel(src);
   if (n == 0) return RM_OK;
   int64_t chunks = (inner + INDEX_ADD_CHUNK - 1) / INDEX_ADD_CHUNK, tiles = outer * chunks;
-  ixdata ip = ix_of(idx);
+  rm_cpu_indices ip = rm_cpu_indices_of(idx);
   if (src->dtype == RM_F64) INDEX_ADD_LOOP(double);
   else INDEX_ADD_LOOP(float);
   return RM_OK;
@@ -232,10 +199,10 @@ RM_CPU_KERNEL(embedding) {
   size_t row = (size_t)dim * rm_dtype_size(w->dtype);
   const char *pw = rm_tensor_ptr(w);
   char *po = rm_tensor_ptr(out[0]);
-  ixdata ip = ix_of(idx);
+  rm_cpu_indices ip = rm_cpu_indices_of(idx);
   if (row == 0) return RM_OK;
   #pragma omp parallel for if (count * dim > RM_CPU_PAR_MIN)
-  for (int64_t k = 0; k < count; k++) memcpy(po + (size_t)k * row, pw + (size_t)ix_pos(ip, k) * row, row);
+  for (int64_t k = 0; k < count; k++) memcpy(po + (size_t)k * row, pw + (size_t)rm_cpu_index_at(ip, k) * row, row);
   return RM_OK;
 }
 

@@ -7,37 +7,6 @@
 
 #define CHUNKS 64
 
-/* Labels: data of a float32 or float64 tensor. */
-typedef struct { const float *f; const double *d; } labdata;
-
-static labdata lab_of(const rm_tensor *t) {
-  labdata p = { NULL, NULL };
-  if (t->dtype == RM_F64) p.d = rm_tensor_ptr(t);
-  else p.f = rm_tensor_ptr(t);
-  return p;
-}
-
-static inline int64_t lab_pos(labdata p, int64_t k) {
-  return (int64_t)(p.d ? p.d[k] : (double)p.f[k]) - 1;
-}
-
-/* Checks that every label is a whole number in 1..classes; the error names the row. */
-static int check_labels(rm_ctx *ctx, const char *op, const rm_tensor *labels, int64_t classes) {
-  labdata p = lab_of(labels);
-  int64_t n = rm_tensor_numel(labels);
-  for (int64_t k = 0; k < n; k++) {
-    double v = p.d ? p.d[k] : (double)p.f[k];
-    if (v >= 1 && v <= (double)classes && v == floor(v)) continue;
-    if (v != v) v = NAN; /* print "nan", not "-nan" */
-    if (v == floor(v))
-      return rm_fail(ctx, RM_ERR_ARG, "%s: label %.17g is out of range 1..%lld (row %lld)", op, v,
-                     (long long)classes, (long long)k + 1);
-    return rm_fail(ctx, RM_ERR_ARG, "%s: label %.17g is not a whole number in 1..%lld (row %lld)", op, v,
-                   (long long)classes, (long long)k + 1);
-  }
-  return RM_OK;
-}
-
 /* log(sum(exp(row))), computed stably (NaN in, NaN out). */
 #define ROW_LSE(T, row, C, out)                                      \
   do {                                                               \
@@ -61,7 +30,7 @@ static int check_labels(rm_ctx *ctx, const char *op, const rm_tensor *labels, in
         const T *row = px + r * classes;                                                 \
         double lse;                                                                      \
         ROW_LSE(T, row, classes, lse);                                                   \
-        acc += lse - (double)row[lab_pos(lp, r)];                                        \
+        acc += lse - (double)row[rm_cpu_index_at(lp, r)];                                \
       }                                                                                  \
       part[c] = acc;                                                                     \
     }                                                                                    \
@@ -73,8 +42,9 @@ static int check_labels(rm_ctx *ctx, const char *op, const rm_tensor *labels, in
 RM_CPU_KERNEL(cross_entropy) {
   (void)nin; (void)nout; (void)a;
   int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
-  if (check_labels(ctx, "cross_entropy", in[1], classes)) return ctx->err_code;
-  labdata lp = lab_of(in[1]);
+  if (rm_cpu_check_indices(ctx, "cross_entropy", "label", in[1], classes, -1, "row"))
+    return ctx->err_code;
+  rm_cpu_indices lp = rm_cpu_indices_of(in[1]);
   if (out[0]->dtype == RM_F64) CE_FORWARD(double);
   else CE_FORWARD(float);
   return RM_OK;
@@ -91,7 +61,7 @@ RM_CPU_KERNEL(cross_entropy) {
       T *o = po + r * classes;                                                           \
       double lse;                                                                        \
       ROW_LSE(T, row, classes, lse);                                                     \
-      int64_t y = lab_pos(lp, r);                                                        \
+      int64_t y = rm_cpu_index_at(lp, r);                                                \
       for (int64_t j = 0; j < classes; j++)                                              \
         o[j] = (T)((exp((double)row[j] - lse) - (j == y ? 1.0 : 0.0)) * scale);          \
     }                                                                                    \
@@ -100,8 +70,9 @@ RM_CPU_KERNEL(cross_entropy) {
 RM_CPU_KERNEL(cross_entropy_backward) {
   (void)nin; (void)nout; (void)a;
   int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
-  if (check_labels(ctx, "cross_entropy_backward", in[1], classes)) return ctx->err_code;
-  labdata lp = lab_of(in[1]);
+  if (rm_cpu_check_indices(ctx, "cross_entropy_backward", "label", in[1], classes, -1, "row"))
+    return ctx->err_code;
+  rm_cpu_indices lp = rm_cpu_indices_of(in[1]);
   if (out[0]->dtype == RM_F64) CE_BACKWARD(double);
   else CE_BACKWARD(float);
   return RM_OK;
