@@ -1,0 +1,503 @@
+-- Checkpointing benchmark (issue 4): step time and measured peak activation memory of
+-- each checkpoint policy relative to none(), side by side in one run, for
+--   * a residual MLP: N blocks Residual(Sequential{Linear(d,4d), GELU, Dropout, Linear(4d,d)})
+--   * a GPT: Embedding, 12 TransformerBlocks with dropout, LayerNorm, Linear head, T = 256.
+-- Beside the measurements: the plan's predicted peak and recompute FLOPs, and for
+-- budget plans the measured time overhead against the predicted recompute FLOPs
+-- converted to seconds at the measured forward FLOP rate. The same models under
+-- PyTorch's torch.utils.checkpoint (bench/checkpoint_torch.py) when torch imports.
+-- Plots (gnuplot): peak activation against N, step time against budget.
+--
+-- Method. One model per policy, all built from the same seed (same weights); steps are
+-- interleaved (one step of every policy per round) so that load from other processes
+-- hits every policy alike; a policy's time ratio ("time x") is the median over rounds
+-- of (its step / none()'s step in the same round), "q25-q75" the quartiles of those
+-- ratios (how noisy the machine was). The load average is printed at the start and end. Step = forward + cross entropy +
+-- backward, timed with remat.now(). Peak = peak_by_category.activation after
+-- collectgarbage() and remat.memory.reset_peak().
+--
+-- Run: remat bench/checkpoint.lua [--quick] [--rounds=R] [--no-torch] [--no-plots] [--out=DIR]
+-- On a loaded machine, OpenMP's default spin-waiting makes both remat and PyTorch
+-- (2 threads each) 10-20x slower and erratic: a team member spins at every barrier
+-- while its partner is descheduled. So the bench re-runs itself (and PyTorch under it)
+-- with OMP_WAIT_POLICY=passive unless the variable is set already.
+if not os.getenv("OMP_WAIT_POLICY") and arg and arg[-1] and arg[0] then
+  local q = {}
+  for i = -1, #arg do q[#q + 1] = "'" .. tostring(arg[i]):gsub("'", "'\\''") .. "'" end
+  local ok, how, code = os.execute("OMP_WAIT_POLICY=passive " .. table.concat(q, " "))
+  if not ok then os.exit(how == "exit" and code or 1) end
+  return
+end
+
+local remat = require "remat"
+local nn, policy = remat.nn, remat.policy
+
+local opts = { rounds = 12, warmup = 1, out = "bench/results" }
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^%-%-([%w-]+)=?(.*)$")
+  if k == "quick" then opts.quick = true
+  elseif k == "rounds" then opts.rounds = assert(tonumber(v), "--rounds=R")
+  elseif k == "no-torch" then opts.no_torch = true
+  elseif k == "no-plots" then opts.no_plots = true
+  elseif k == "out" then opts.out = v
+  else error("bench/checkpoint.lua: unknown argument " .. a .. " (--quick --rounds=R --no-torch --no-plots --out=DIR)") end
+end
+
+-- Sizes: small enough for a 2-core CPU (the whole bench, PyTorch included, ~10 min).
+local cfg = opts.quick and {
+  mlp = { n = 64, d = 64, batch = 64 }, sweep_n = { 8, 16, 32, 64 },
+  gpt = { blocks = 12, d = 64, heads = 4, vocab = 256, t = 256, batch = 1 },
+  dropout = 0.1, rounds = math.min(opts.rounds, 4),
+} or {
+  mlp = { n = 64, d = 128, batch = 64 }, sweep_n = { 8, 16, 32, 64 },
+  gpt = { blocks = 12, d = 128, heads = 4, vocab = 256, t = 256, batch = 2 },
+  dropout = 0.1, rounds = opts.rounds,
+}
+cfg.mlp.rounds = 2 * cfg.rounds -- MLP steps are cheap: more rounds against noise
+
+local function out(...) io.write(string.format(...), "\n") io.stdout:flush() end
+local MiB = 2 ^ 20
+local t_start = remat.now()
+
+-- ---- models and data ----
+
+local function residual_mlp(n, d, p)
+  remat.manual_seed(7)
+  local layers = {}
+  for i = 1, n do
+    layers[i] = nn.Residual(nn.Sequential { nn.Linear(d, 4 * d), nn.GELU(), nn.Dropout(p), nn.Linear(4 * d, d) })
+  end
+  return nn.Sequential(layers)
+end
+
+local function gpt(c, p)
+  remat.manual_seed(11)
+  local layers = { nn.Embedding(c.vocab, c.d) }
+  for _ = 1, c.blocks do layers[#layers + 1] = nn.TransformerBlock(c.d, c.heads, p) end
+  layers[#layers + 1] = nn.LayerNorm(c.d)
+  layers[#layers + 1] = nn.Linear(c.d, c.vocab)
+  return nn.Sequential(layers)
+end
+
+-- Deterministic labels in 1..classes (a list, or rows of a list).
+local function labels(n, classes, salt)
+  local t = {}
+  for i = 1, n do t[i] = (i * 7 + salt * 13) % classes + 1 end
+  return t
+end
+
+local function mlp_task(n)
+  local c = cfg.mlp
+  remat.manual_seed(3)
+  local x = remat.randn(c.batch, c.d)
+  local lab = remat.tensor(labels(c.batch, c.d, 0))
+  return { name = ("MLP-%d"):format(n), n = n, build = function() return residual_mlp(n, c.d, cfg.dropout) end,
+           x = x, loss = function(y) return nn.cross_entropy(y, lab) end }
+end
+
+local function gpt_task()
+  local c = cfg.gpt
+  local xs, ls = {}, {}
+  for b = 1, c.batch do
+    xs[b] = labels(c.t, c.vocab, b)
+    ls[b] = labels(c.t, c.vocab, b + 1)
+  end
+  local lab = remat.tensor(ls)
+  return { name = ("GPT-%d"):format(c.blocks), n = c.blocks + 3, build = function() return gpt(c, cfg.dropout) end,
+           x = remat.tensor(xs), loss = function(y) return nn.cross_entropy(y, lab) end }
+end
+
+-- ---- measuring ----
+
+-- One training step; returns forward seconds, backward seconds, peak activation bytes.
+local function step(m, task)
+  collectgarbage()
+  collectgarbage()
+  remat.memory.reset_peak()
+  local t0 = remat.now()
+  local loss = task.loss(m(task.x))
+  local t1 = remat.now()
+  loss:backward()
+  local t2 = remat.now()
+  local peak = remat.memory.stats().peak_by_category.activation
+  loss:free()
+  m:zero_grad()
+  return t1 - t0, t2 - t1, peak
+end
+
+local function median(t)
+  local s = table.move(t, 1, #t, 1, {})
+  table.sort(s)
+  local n = #s
+  if n == 0 then return 0 / 0 end
+  return n % 2 == 1 and s[(n + 1) // 2] or (s[n // 2] + s[n // 2 + 1]) / 2
+end
+
+-- The plan report of policy p on the task's input (dry runs only).
+local function plan_of(task, p, m)
+  m = m or task.build()
+  collectgarbage()
+  return m:plan(task.x, { policy = p, loss = task.loss })
+end
+
+-- The smallest budget a plan fits in, from policy.budget's documented error.
+local function smallest_budget(task)
+  local ok, err = pcall(plan_of, task, policy.budget(1))
+  if ok then return 1 end
+  return tonumber(tostring(err):match("policy%.budget%((%d+)%)"))
+end
+
+-- Runs every entry {label=, policy=} of list on the task, interleaved; fills in per
+-- entry: time (median step s), fwd, ratio (median per-round ratio to entry 1 = none),
+-- peak (measured), plan (report). Entry 1 must be none().
+local function measure(task, list, rounds)
+  local base_plan
+  for _, e in ipairs(list) do
+    e.model = task.build()
+    e.model:checkpoint(e.policy)
+    e.plan = plan_of(task, nil, e.model) -- resolves and installs the policy's plan for x
+    base_plan = base_plan or e.plan
+    e.steps, e.fwds, e.ratios, e.peaks = {}, {}, {}, {}
+  end
+  for r = 1, opts.warmup + rounds do
+    local none_t
+    for i, e in ipairs(list) do
+      local f, b, peak = step(e.model, task)
+      e.peaks[#e.peaks + 1] = peak
+      if r > opts.warmup then
+        e.steps[#e.steps + 1] = f + b
+        e.fwds[#e.fwds + 1] = f
+        if i == 1 then none_t = f + b end
+        e.ratios[#e.ratios + 1] = (f + b) / none_t
+        e.overs = e.overs or {}
+        e.overs[#e.overs + 1] = (f + b) - none_t
+      end
+    end
+    io.write(("  %s round %d/%d done (%.0f s elapsed)\n"):format(task.name, r, opts.warmup + rounds, remat.now() - t_start))
+    io.stdout:flush()
+  end
+  for _, e in ipairs(list) do
+    e.time, e.fwd, e.ratio, e.over = median(e.steps), median(e.fwds), median(e.ratios), median(e.overs)
+    local s = table.move(e.ratios, 1, #e.ratios, 1, {})
+    table.sort(s)
+    e.q25, e.q75 = s[math.max(1, math.floor(#s * 0.25 + 0.5))], s[math.max(1, math.floor(#s * 0.75 + 0.5))]
+    e.peak = math.max(table.unpack(e.peaks))
+    e.peak_min = math.min(table.unpack(e.peaks))
+    e.model = nil
+  end
+  collectgarbage()
+  -- forward FLOPs ~ what every(N) replays (the whole forward but the last layer's
+  -- final ops); plan.flops counts forward + backward
+  local fwd_flops = plan_of(task, policy.every(task.n)).recompute_flops
+  local rate = fwd_flops / list[1].fwd
+  for _, e in ipairs(list) do
+    e.mem_ratio = e.peak / list[1].peak
+    e.pred_rec_s = e.plan.recompute_flops / rate
+    e.pred_time = list[1].time + e.pred_rec_s
+  end
+  return { fwd_flops = fwd_flops, rate = rate, step_flops = base_plan.flops }
+end
+
+local function policy_list(task, budgets)
+  local list = {
+    { label = "none()", policy = policy.none() },
+    { label = ("every(sqrt N=%d)"):format(math.floor(math.sqrt(task.n) + 0.5)), policy = policy.sqrt(), key = "sqrt" },
+    { label = "every(2)", policy = policy.every(2), key = "every2" },
+    { label = "every(8)", policy = policy.every(8), key = "every8" },
+    { label = "selective{softmax,gelu,dropout}", policy = policy.selective { "softmax", "gelu", "dropout" }, key = "selective" },
+  }
+  for _, b in ipairs(budgets) do
+    list[#list + 1] = { label = ("budget(%.2f MiB)"):format(b.bytes / MiB), policy = policy.budget(b.bytes),
+                        budget = b.bytes, main = b.main, key = b.main and ("budget" .. b.main) or nil }
+  end
+  return list
+end
+
+-- Budgets between the sqrt() peak and none()'s (fractions 1/4, 1/2, 3/4), plus for
+-- the sweep the smallest that fits, halfway to sqrt's, sqrt's own and 90% of none().
+local function budgets_for(task, sweep)
+  local none = plan_of(task, policy.none()).predicted_peak
+  local sq = plan_of(task, policy.sqrt()).predicted_peak
+  local b = {}
+  for i, f in ipairs { 0.25, 0.5, 0.75 } do b[#b + 1] = { bytes = math.floor(sq + f * (none - sq)), main = i } end
+  if sweep then
+    local lo = smallest_budget(task)
+    if lo and lo < sq then
+      table.insert(b, 1, { bytes = math.floor((lo + sq) / 2) })
+      table.insert(b, 1, { bytes = lo })
+    end
+    table.insert(b, #b - 2, { bytes = sq })
+    b[#b + 1] = { bytes = math.floor(0.9 * none) }
+  end
+  return b, none, sq
+end
+
+-- ---- run: remat ----
+
+local function loadavg()
+  local f = io.open("/proc/loadavg")
+  if not f then return "?" end
+  local s = f:read("l")
+  f:close()
+  return s:match("^(%S+ %S+ %S+)") or "?"
+end
+out("remat checkpoint bench%s: MLP %d / GPT %d rounds after %d warm-up; OMP_NUM_THREADS=%s; load average %s",
+  opts.quick and " (--quick)" or "", cfg.mlp.rounds, cfg.rounds, opts.warmup, os.getenv("OMP_NUM_THREADS") or "unset", loadavg())
+out("OMP_WAIT_POLICY=%s (see the top of this file)", os.getenv("OMP_WAIT_POLICY") or "unset")
+out("MLP: N=%d, d=%d, batch %d, dropout %.1f | GPT: %d blocks, d=%d, %d heads, vocab %d, T=%d, batch %d",
+  cfg.mlp.n, cfg.mlp.d, cfg.mlp.batch, cfg.dropout, cfg.gpt.blocks, cfg.gpt.d, cfg.gpt.heads, cfg.gpt.vocab, cfg.gpt.t, cfg.gpt.batch)
+
+local results = {}
+local mlp = mlp_task(cfg.mlp.n)
+local mlp_budgets = budgets_for(mlp, true)
+local mlp_list = policy_list(mlp, mlp_budgets)
+results[#results + 1] = { task = mlp, list = mlp_list, info = measure(mlp, mlp_list, cfg.mlp.rounds) }
+
+local g = gpt_task()
+local gpt_budgets = budgets_for(g, false)
+local gpt_list = policy_list(g, gpt_budgets)
+results[#results + 1] = { task = g, list = gpt_list, info = measure(g, gpt_list, cfg.rounds) }
+
+-- Peak activation against N (memory only: one step per point after one warm-up).
+local sweep = {}
+local sweep_policies = {
+  { key = "none", make = function() return policy.none() end },
+  { key = "sqrt", make = function() return policy.sqrt() end },
+  { key = "every2", make = function() return policy.every(2) end },
+  { key = "every8", make = function() return policy.every(8) end },
+  { key = "selective", make = function() return policy.selective { "softmax", "gelu", "dropout" } end },
+  { key = "budget50", make = function(none_peak) return policy.budget(math.floor(none_peak / 2)) end },
+}
+for _, n in ipairs(cfg.sweep_n) do
+  local task = mlp_task(n)
+  local row = { n = n }
+  local none_peak
+  for _, sp in ipairs(sweep_policies) do
+    local m = task.build()
+    local ok, err = pcall(function()
+      m:checkpoint(sp.make(none_peak))
+      plan_of(task, nil, m)
+      step(m, task)
+      local _, _, peak = step(m, task)
+      row[sp.key] = peak
+      none_peak = none_peak or peak
+    end)
+    if not ok then out("  N=%d %s: %s", n, sp.key, tostring(err)) end
+  end
+  sweep[#sweep + 1] = row
+  out("  N=%d sweep done (%.0f s elapsed)", n, remat.now() - t_start)
+end
+
+-- ---- run: PyTorch ----
+
+local torch = { available = false, why = "not run (--no-torch)", rows = {}, sweep = {} }
+if not opts.no_torch then
+  local py
+  for _, cand in ipairs { os.getenv("PYTHON") or "/usr/bin/python3", "python3" } do
+    if os.execute(cand .. " -c 'import torch' >/dev/null 2>&1") then py = cand break end
+  end
+  if not py then
+    torch.why = "python3 cannot import torch (Debian: apt-get install python3-torch)"
+  else
+    local c, m = cfg.gpt, cfg.mlp
+    local cmd = ("%s bench/checkpoint_torch.py --mlp-n=%d --mlp-d=%d --mlp-batch=%d --gpt-blocks=%d --gpt-d=%d --gpt-heads=%d --vocab=%d --t=%d --gpt-batch=%d --dropout=%g --rounds=%d --mlp-rounds=%d --warmup=%d --sweep-n=%s")
+      :format(py, m.n, m.d, m.batch, c.blocks, c.d, c.heads, c.vocab, c.t, c.batch, cfg.dropout, cfg.rounds, m.rounds, opts.warmup,
+        table.concat(cfg.sweep_n, ","))
+    out("running PyTorch: %s", cmd)
+    local p = io.popen(cmd .. " 2>&1")
+    for line in p:lines() do
+      local f = {}
+      for field in line:gmatch("[^\t]+") do f[#f + 1] = field end
+      if f[1] == "VERSION" then torch.version = f[2] torch.available = true
+      elseif f[1] == "RESULT" then
+        torch.rows[f[2] .. "/" .. f[3]] = { label = f[4], time = tonumber(f[5]), ratio = tonumber(f[6]),
+                                             peak = tonumber(f[7]), mem_ratio = tonumber(f[8]),
+                                             q25 = tonumber(f[9]), q75 = tonumber(f[10]) }
+      elseif f[1] == "SWEEP" then
+        torch.sweep[#torch.sweep + 1] = { n = tonumber(f[2]), key = f[3], peak = tonumber(f[4]) }
+      elseif f[1] == "NOTE" then out("  torch: %s", f[2])
+      else out("  torch> %s", line) end
+    end
+    local ok = p:close()
+    if not ok then torch.why = "bench/checkpoint_torch.py failed (output above)" torch.available = torch.version ~= nil end
+  end
+end
+
+-- ---- tables ----
+
+local function torch_cols(model_key, e)
+  local r = e.key and torch.rows[model_key .. "/" .. e.key] or (e.label == "none()" and torch.rows[model_key .. "/none"])
+  if not r then return ("%7s %7s"):format("-", "-") end
+  return ("%6.3fx %6.3fx"):format(r.ratio, r.mem_ratio)
+end
+
+local function fmt_gf(f) return ("%.2f"):format(f / 1e9) end
+
+for _, res in ipairs(results) do
+  local task, list, info = res.task, res.list, res.info
+  local mk = task.name:match("^MLP") and "mlp" or "gpt"
+  out("")
+  out("== %s (%d layers in the Sequential): none() step %.3f s (fwd %.3f s); forward %.2f GF (cost model) at %.2f GF/s measured",
+    task.name, task.n, list[1].time, list[1].fwd, info.fwd_flops / 1e9, info.rate / 1e9)
+  out("%-32s %7s %7s %11s %8s %7s %8s %7s %6s %6s %7s | %7s %7s", "policy", "step s", "time x", "q25-q75",
+    "peak MiB", "mem x", "pred MiB", "pred/ms", "rec GF", "rec s", "pred x", "torch t", "torch m")
+  for _, e in ipairs(list) do
+    out("%-32s %7.3f %6.3fx %5.2f-%5.2f %8.2f %6.3fx %8.2f %7.3f %6s %6.3f %6.3fx | %s", e.label:sub(1, 32), e.time, e.ratio,
+      e.q25, e.q75, e.peak / MiB, e.mem_ratio, e.plan.predicted_peak / MiB, e.plan.predicted_peak / e.peak,
+      fmt_gf(e.plan.recompute_flops), e.pred_rec_s, e.pred_time / list[1].time, torch_cols(mk, e))
+    if e.peak ~= e.peak_min then out("    (peak varied between steps: %d .. %d bytes)", e.peak_min, e.peak) end
+  end
+  -- budget plans: measured overhead against predicted recompute time
+  local any
+  for _, e in ipairs(list) do
+    if e.budget then
+      if not any then
+        out("  budget plans: measured overhead vs predicted recompute time (recompute FLOPs / forward FLOP rate)")
+        out("  (over s: median per-round step minus none()'s; step err: measured step ratio vs predicted)")
+        out("  %-22s %8s %8s %8s %9s %9s %10s", "budget", "peak<=b", "over s", "pred s", "over/pred", "step err", "within 2%")
+        any = true
+      end
+      local err = (e.time - e.pred_time) / e.pred_time
+      out("  %-22s %8s %8.3f %8.3f %9.2f %+8.1f%% %10s", e.label, e.peak <= e.budget and "yes" or "NO",
+        e.over, e.pred_rec_s, e.pred_rec_s > 0 and e.over / e.pred_rec_s or 0 / 0, 100 * err,
+        math.abs(err) <= 0.02 and "yes" or "no")
+    end
+  end
+end
+
+if torch.available then
+  out("")
+  out("PyTorch %s (torch.utils.checkpoint, use_reentrant=False per segment for every(k); checkpoint_sequential row reentrant).", torch.version)
+  out("  no selective checkpointing API in this version (torch.utils.checkpoint selective contexts arrived in 2.x); no budget planner")
+  out("  %-6s %-36s %9s %8s %11s %10s %8s", "model", "policy", "step s", "time x", "q25-q75", "peak MiB", "mem x")
+  local keys = {}
+  for k in pairs(torch.rows) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    local ma, mb = a:match("^(%w+)"), b:match("^(%w+)")
+    if ma ~= mb then return ma > mb end
+    return torch.rows[a].ratio < torch.rows[b].ratio
+  end)
+  for _, k in ipairs(keys) do
+    local r = torch.rows[k]
+    out("  %-6s %-36s %9.3f %7.3fx %5.2f-%5.2f %10.2f %7.3fx", k:match("^(%w+)"), r.label, r.time, r.ratio, r.q25, r.q75,
+      r.peak / MiB, r.mem_ratio)
+  end
+else
+  out("")
+  out("PyTorch: %s", torch.why)
+end
+
+-- ---- targets ----
+
+local function find(list, key) for _, e in ipairs(list) do if e.key == key then return e end end end
+out("")
+out("targets:")
+local sq = find(mlp_list, "sqrt")
+local function met(x, lim) return x <= lim and "met" or "NOT met" end
+out("  MLP-%d every(sqrt N): time %.3fx (target <= 1.25x: %s; plan's prediction %.3fx), activation %.3fx (target <= 0.30x: %s)",
+  cfg.mlp.n, sq.ratio, met(sq.ratio, 1.25), sq.pred_time / mlp_list[1].time, sq.mem_ratio, met(sq.mem_ratio, 0.30))
+local sel = find(gpt_list, "selective")
+out("  GPT selective{softmax,gelu,dropout}: time %.3fx (target <= 1.05x: %s; plan's prediction %.3fx), activation %.3fx",
+  sel.ratio, met(sel.ratio, 1.05), sel.pred_time / gpt_list[1].time, sel.mem_ratio)
+for _, res in ipairs(results) do
+  for _, e in ipairs(res.list) do
+    if e.budget and e.main then
+      local err = (e.time - e.pred_time) / e.pred_time
+      out("  %s %s: step %.3fx of none() vs predicted %.3fx (%+.1f%%; target within 2%%: %s)",
+        res.task.name, e.label, e.ratio, e.pred_time / res.list[1].time, 100 * err, math.abs(err) <= 0.02 and "met" or "NOT met")
+    end
+  end
+end
+
+-- ---- data files and plots ----
+
+os.execute("mkdir -p " .. opts.out)
+local function write(path, text)
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+end
+
+local lines = { "# N none sqrt every2 every8 selective budget50 torch_none torch_sqrt (MiB; ? = not measured)" }
+local tsweep = {}
+for _, s in ipairs(torch.sweep) do tsweep[s.n .. s.key] = s.peak end
+for _, row in ipairs(sweep) do
+  local f = { tostring(row.n) }
+  for _, k in ipairs { "none", "sqrt", "every2", "every8", "selective", "budget50" } do
+    f[#f + 1] = row[k] and ("%.3f"):format(row[k] / MiB) or "?"
+  end
+  for _, k in ipairs { "none", "sqrt" } do
+    local v = tsweep[row.n .. k]
+    f[#f + 1] = v and ("%.3f"):format(v / MiB) or "?"
+  end
+  lines[#lines + 1] = table.concat(f, " ")
+end
+write(opts.out .. "/checkpoint_memory.dat", table.concat(lines, "\n") .. "\n")
+
+lines = { "# budget_MiB measured_time_x(median) predicted_time_x peak_MiB q25 q75 (MLP-" .. cfg.mlp.n .. ")" }
+local bl = {}
+for _, e in ipairs(mlp_list) do if e.budget then bl[#bl + 1] = e end end
+table.sort(bl, function(a, b) return a.budget < b.budget end)
+for _, e in ipairs(bl) do
+  lines[#lines + 1] = ("%.3f %.4f %.4f %.3f %.4f %.4f"):format(e.budget / MiB, e.ratio, e.pred_time / mlp_list[1].time,
+    e.peak / MiB, e.q25, e.q75)
+end
+write(opts.out .. "/checkpoint_budget.dat", table.concat(lines, "\n") .. "\n")
+
+local function refs(list)
+  local t = {}
+  for _, e in ipairs(list) do
+    if e.key == "sqrt" or e.key == "every2" or e.label == "none()" then t[#t + 1] = e end
+  end
+  return t
+end
+local marks = {}
+for _, e in ipairs(refs(mlp_list)) do
+  marks[#marks + 1] = ("set label \"%s\" at %.3f,%.4f point pt 7 offset -1,-1 right font ',9'"):format(
+    e.label, e.peak / MiB, e.ratio)
+end
+
+local gp = ([[
+set terminal pngcairo size 900,600 noenhanced
+set output '%s/checkpoint_memory.png'
+set title 'Residual MLP (d=%d, batch %d): measured peak activation vs depth N'
+set xlabel 'layers N'
+set ylabel 'peak activation (MiB)'
+set logscale xy 2
+set xtics (8, 16, 32, 64)
+set xrange [7:72]
+set key top left
+set grid
+set datafile missing '?'
+plot '%s/checkpoint_memory.dat' u 1:2 w lp lw 2 t 'none()', \
+     '' u 1:3 w lp lw 2 t 'every(sqrt N)', \
+     '' u 1:4 w lp lw 2 t 'every(2)', \
+     '' u 1:5 w lp lw 2 t 'every(8)', \
+     '' u 1:6 w lp lw 2 t 'selective{softmax,gelu,dropout}', \
+     '' u 1:7 w lp lw 2 t 'budget(none/2)', \
+     '' u 1:8 w lp dt 2 t 'PyTorch none', \
+     '' u 1:9 w lp dt 2 t 'PyTorch every(sqrt N)'
+set output '%s/checkpoint_budget.png'
+unset logscale
+set xtics auto
+set xrange [0:*]
+set yrange [0.8:*]
+set title 'Residual MLP N=%d: step time vs activation budget (relative to none(); dots: every(k) at their peak)'
+set xlabel 'budget (MiB)'
+set ylabel 'step time / none() step time'
+set key top right
+%s
+plot '%s/checkpoint_budget.dat' u 1:2 w lp lw 2 pt 7 t 'budget(b): measured (median of per-round ratios)', \
+     '' u 1:2:5:6 w yerrorbars lc 1 pt 0 t 'quartiles of the per-round ratios', \
+     '' u 1:3 w lp lw 2 dt 2 t 'predicted: none + recompute FLOPs / forward FLOP rate'
+]]):format(opts.out, cfg.mlp.d, cfg.mlp.batch, opts.out, opts.out, cfg.mlp.n, table.concat(marks, "\n"), opts.out)
+write(opts.out .. "/checkpoint_plots.gp", gp)
+if not opts.no_plots then
+  if os.execute("gnuplot " .. opts.out .. "/checkpoint_plots.gp") then
+    out("")
+    out("plots: %s/checkpoint_memory.png, %s/checkpoint_budget.png", opts.out, opts.out)
+  else
+    out("gnuplot failed or is missing: data in %s/*.dat, script %s/checkpoint_plots.gp", opts.out, opts.out)
+  end
+end
+out("total %.0f s; load average %s", remat.now() - t_start, loadavg())
