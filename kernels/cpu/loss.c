@@ -7,6 +7,24 @@
 
 #define CHUNKS 64
 
+/* total = the sum over i in [0, n) of the terms that the statement BODY adds to `acc`
+ * for index i: [0, n) is cut into CHUNKS chunks that depend only on n (OpenMP over
+ * them when work > RM_CPU_PAR_MIN), whose sums are added in order. */
+#define CHUNKED_SUM(total, n, work, i, ...)                                              \
+  do {                                                                                   \
+    double part_[CHUNKS] = { 0 };                                                        \
+    int64_t n_ = (n), work_ = (work), per_ = (n_ + CHUNKS - 1) / CHUNKS;                 \
+    _Pragma("omp parallel for if (work_ > RM_CPU_PAR_MIN)")                              \
+    for (int c_ = 0; c_ < CHUNKS; c_++) {                                                \
+      double acc = 0;                                                                    \
+      int64_t end_ = (c_ + 1) * per_ < n_ ? (c_ + 1) * per_ : n_;                        \
+      for (int64_t i = c_ * per_; i < end_; i++) __VA_ARGS__                             \
+      part_[c_] = acc;                                                                   \
+    }                                                                                    \
+    (total) = 0;                                                                         \
+    for (int c_ = 0; c_ < CHUNKS; c_++) (total) += part_[c_];                            \
+  } while (0)
+
 /* log(sum(exp(row))), computed stably (NaN in, NaN out). */
 #define ROW_LSE(T, row, C, out)                                      \
   do {                                                               \
@@ -20,22 +38,13 @@
 #define CE_FORWARD(T)                                                                    \
   do {                                                                                   \
     const T *px = rm_tensor_ptr(in[0]);                                                  \
-    double part[CHUNKS] = { 0 };                                                         \
-    int64_t per = (rows + CHUNKS - 1) / CHUNKS;                                          \
-    _Pragma("omp parallel for if (rows * classes > RM_CPU_PAR_MIN)")                     \
-    for (int c = 0; c < CHUNKS; c++) {                                                   \
-      double acc = 0;                                                                    \
-      int64_t r1 = (c + 1) * per < rows ? (c + 1) * per : rows;                          \
-      for (int64_t r = c * per; r < r1; r++) {                                           \
-        const T *row = px + r * classes;                                                 \
-        double lse;                                                                      \
-        ROW_LSE(T, row, classes, lse);                                                   \
-        acc += lse - (double)row[rm_cpu_index_at(lp, r)];                                \
-      }                                                                                  \
-      part[c] = acc;                                                                     \
-    }                                                                                    \
-    double total = 0;                                                                    \
-    for (int c = 0; c < CHUNKS; c++) total += part[c];                                   \
+    double total;                                                                        \
+    CHUNKED_SUM(total, rows, rows * classes, r, {                                        \
+      const T *row = px + r * classes;                                                   \
+      double lse;                                                                        \
+      ROW_LSE(T, row, classes, lse);                                                     \
+      acc += lse - (double)row[rm_cpu_index_at(lp, r)];                                  \
+    });                                                                                  \
     *(T *)rm_tensor_ptr(out[0]) = (T)(total / (double)rows);                             \
   } while (0)
 
@@ -81,20 +90,11 @@ RM_CPU_KERNEL(cross_entropy_backward) {
 #define MSE_LOOP(T)                                                                      \
   do {                                                                                   \
     const T *pp = rm_tensor_ptr(in[0]), *pt = rm_tensor_ptr(in[1]);                      \
-    double part[CHUNKS] = { 0 };                                                         \
-    int64_t per = (n + CHUNKS - 1) / CHUNKS;                                             \
-    _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                                  \
-    for (int c = 0; c < CHUNKS; c++) {                                                   \
-      double acc = 0;                                                                    \
-      int64_t i1 = (c + 1) * per < n ? (c + 1) * per : n;                                \
-      for (int64_t i = c * per; i < i1; i++) {                                           \
-        double d = (double)pp[i] - (double)pt[i];                                        \
-        acc += d * d;                                                                    \
-      }                                                                                  \
-      part[c] = acc;                                                                     \
-    }                                                                                    \
-    double total = 0;                                                                    \
-    for (int c = 0; c < CHUNKS; c++) total += part[c];                                   \
+    double total;                                                                        \
+    CHUNKED_SUM(total, n, n, i, {                                                        \
+      double d = (double)pp[i] - (double)pt[i];                                          \
+      acc += d * d;                                                                      \
+    });                                                                                  \
     *(T *)rm_tensor_ptr(out[0]) = (T)(total / (double)n);                                \
   } while (0)
 
