@@ -12,19 +12,8 @@ data.fashion_mnist_classes = {
   "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 }
 
--- Raises msg located at the first caller outside remat's own Lua code.
-local function fail(msg)
-  local level = 3
-  while debug and debug.getinfo do
-    local info = debug.getinfo(level, "Sl")
-    if not info then break end
-    if info.currentline > 0 and not info.source:find("^=%[remat%]") then
-      error(info.short_src .. ":" .. info.currentline .. ": " .. msg, 0)
-    end
-    level = level + 1
-  end
-  error(msg, 0)
-end
+-- Raises msg located at the first caller outside remat's own Lua code (remat.tensor's).
+local fail = remat._fail
 
 local function check_int(fn, v, what, min)
   local i = math.type(v) == "integer" and v or (type(v) == "number" and math.tointeger(v))

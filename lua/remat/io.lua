@@ -3,19 +3,8 @@
 local remat = package.loaded.remat
 local C = remat._C
 
--- Raises msg located at the first caller outside remat's own Lua code.
-local function fail(msg)
-  local level = 3
-  while debug and debug.getinfo do
-    local info = debug.getinfo(level, "Sl")
-    if not info then break end
-    if info.currentline > 0 and not info.source:find("^=%[remat%]") then
-      error(info.short_src .. ":" .. info.currentline .. ": " .. msg, 0)
-    end
-    level = level + 1
-  end
-  error(msg, 0)
-end
+-- Raises msg located at the first caller outside remat's own Lua code (remat.tensor's).
+local fail = remat._fail
 
 -- remat.save(path, tensors[, metadata]): writes a flat table name -> tensor (any
 -- device, dtype and strides; each stored as its logical values) and optional metadata
