@@ -28,7 +28,8 @@ void rm_measure_layer_end(rm_ctx *ctx, rm_measure *m, int layer, rm_tensor *x, r
 void rm_measure_on_op(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
                       const rm_attrs *a, rm_tensor *const *out) {
   rm_measure *m = ctx->measure;
-  if (!m || ctx->alloc_tag < 0 || ctx->alloc_tag >= m->n || !out[0]) return;
+  /* forward FLOPs only: backward runs with grad recording off */
+  if (!m || !ctx->grad_enabled || ctx->alloc_tag < 0 || ctx->alloc_tag >= m->n || !out[0]) return;
   rm_meta meta[8];
   const rm_op_def *def = rm_op_def_get(op);
   for (int j = 0; j < def->nout && j < 8; j++) rm_tensor_meta(out[j], &meta[j]);
