@@ -46,7 +46,7 @@ local function mpirun(script, np, limit, args)
   return out, code, res, remat.now() - t0
 end
 
-describe("remat.dist under mpirun -np 2", function()
+describe("remat.dist under mpirun -np 2 #subprocess", function()
   if why then
     pending("multi-process specs skipped: " .. why)
     return

@@ -296,7 +296,7 @@ describe("remat.log", function()
   end)
 end)
 
-describe("examples/host", function()
+describe("examples/host #subprocess", function()
   it("the frame-loop host trains a slice per frame, saves the weights and gets every byte back", function()
     ensure_built()
     local out_path = os.tmpname() .. ".safetensors"
