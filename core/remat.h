@@ -39,10 +39,8 @@ extern "C" {
 #define REMAT_VERSION_MINOR 1
 #define REMAT_VERSION_PATCH 0
 
-/* Status codes (also core/types.h's rm_status, which defines them when included
- * first). RM_OK is 0; every error is positive. */
-#if !defined(REMAT_TYPES_H) && !defined(REMAT_STATUS_DEFINED)
-#define REMAT_STATUS_DEFINED
+/* Status codes, returned by every fallible function here and in core/ (core/types.h
+ * takes them from this header). RM_OK is 0; every error is positive. */
 typedef enum {
   RM_OK = 0,
   RM_ERR_ARG,      /* bad argument: type, range, unknown name */
@@ -52,9 +50,8 @@ typedef enum {
   RM_ERR_OOM,      /* allocation failed or exceeded the limit */
   RM_ERR_IO,       /* file or format error */
   RM_ERR_STATE,    /* freed tensor, released data, misuse of the tape */
-  RM_ERR_RUNTIME   /* backend failure, or an error raised by Lua code */
+  RM_ERR_RUNTIME   /* backend failure (CUDA call, BLAS), or an error raised by Lua code */
 } rm_status;
-#endif
 
 typedef struct rm_ctx rm_ctx;
 struct lua_State;

@@ -7,27 +7,16 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+/* rm_status (RM_OK, RM_ERR_*): every fallible core function returns one, with the
+ * message on the ctx. Defined once, in the public header, so that a host including
+ * only remat.h gets the same codes. */
+#include "remat.h"
+
 #define RM_MAX_DIM 8
 
 typedef struct rm_ctx rm_ctx;
 typedef struct rm_tensor rm_tensor;
 typedef struct rm_node rm_node;
-
-/* Every fallible core function returns one of these; the message is on the ctx. */
-#ifndef REMAT_STATUS_DEFINED
-#define REMAT_STATUS_DEFINED
-typedef enum {
-  RM_OK = 0,
-  RM_ERR_ARG,      /* bad argument: type, range, unknown name */
-  RM_ERR_SHAPE,    /* shapes do not agree */
-  RM_ERR_DTYPE,    /* dtypes do not agree or are not supported */
-  RM_ERR_DEVICE,   /* devices do not agree, or the device is unavailable */
-  RM_ERR_OOM,      /* allocation failed or exceeded the limit */
-  RM_ERR_IO,       /* file or format error */
-  RM_ERR_STATE,    /* freed tensor, released data, misuse of the tape */
-  RM_ERR_RUNTIME   /* backend failure (CUDA call, BLAS) */
-} rm_status;
-#endif
 
 typedef enum { RM_F32 = 0, RM_F64, RM_BF16, RM_F16, RM_DTYPE_COUNT } rm_dtype;
 typedef enum { RM_CPU = 0, RM_CUDA, RM_DEVICE_COUNT } rm_device;
