@@ -114,7 +114,7 @@ EXAMPLE_BIN := $(patsubst examples/host/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC))
 
 examples: $(EXAMPLE_BIN)
 
-$(BUILD)/examples/%: examples/host/%.c core/remat.h $(BUILD)/libremat.a
+$(BUILD)/examples/%: examples/host/%.c examples/host/common.h core/remat.h $(BUILD)/libremat.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libremat.a $(LDLIBS)
 

@@ -17,50 +17,7 @@
 
 #include <remat.h>
 
-typedef struct counter {
-  size_t live, blocks;
-  unsigned long allocs, frees, bad_sizes;
-} counter;
-
-#define HDR 16
-
-static void *c_alloc(void *ud, size_t n) {
-  counter *c = ud;
-  char *p = malloc(n + HDR);
-  if (!p) return NULL;
-  memcpy(p, &n, sizeof n);
-  c->allocs++;
-  c->blocks++;
-  c->live += n;
-  return p + HDR;
-}
-
-static void c_free(void *ud, void *p, size_t n) {
-  counter *c = ud;
-  if (!p) return;
-  char *b = (char *)p - HDR;
-  size_t had;
-  memcpy(&had, b, sizeof had);
-  if (had != n) c->bad_sizes++;
-  c->frees++;
-  c->blocks--;
-  c->live -= had;
-  free(b);
-}
-
-static void *c_realloc(void *ud, void *p, size_t old_n, size_t new_n) {
-  counter *c = ud;
-  if (!p) return c_alloc(ud, new_n);
-  char *b = (char *)p - HDR;
-  size_t had;
-  memcpy(&had, b, sizeof had);
-  if (had != old_n) c->bad_sizes++;
-  char *q = realloc(b, new_n + HDR);
-  if (!q) return NULL;
-  memcpy(q, &new_n, sizeof new_n);
-  c->live = c->live - had + new_n;
-  return q + HDR;
-}
+#include "common.h" /* the counting allocator */
 
 /* Each context's log lands in its own buffer. */
 typedef struct logbuf {
@@ -115,7 +72,8 @@ static int luaopen_under_pcall(lua_State *L) {
 int main(void) {
   counter ca = { 0 }, cb = { 0 };
   logbuf la = { { 0 }, 0 }, lb = { { 0 }, 0 };
-  rm_host_alloc aa = { c_alloc, c_realloc, c_free, &ca }, ab = { c_alloc, c_realloc, c_free, &cb };
+  rm_host_alloc aa = { count_alloc, count_realloc, count_free, &ca },
+                ab = { count_alloc, count_realloc, count_free, &cb };
   rm_ctx *A = rm_ctx_new(&aa, to_buf, &la), *B = rm_ctx_new(&ab, to_buf, &lb);
   check(A && B && A != B, "two contexts created", NULL);
   check(ca.allocs >= 1 && cb.allocs >= 1, "each context allocates through its own host allocator", NULL);
