@@ -87,11 +87,7 @@ end
 return function(K)
   local function op(name, attrs, ...) return C.op(name, attrs, ...) end
   local tol = K.dtype == "float32" and 2e-5 or 1e-10
-  local function raises(pattern, f, ...)
-    local ok, err = pcall(f, ...)
-    assert(not ok, "expected an error matching '" .. pattern .. "'")
-    assert(tostring(err):find(pattern, 1, true), err)
-  end
+  local raises = kit.raises
   local function kshape(qshape, Tk)
     local s = {}
     for i = 1, #qshape do s[i] = qshape[i] end

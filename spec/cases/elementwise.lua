@@ -183,11 +183,7 @@ return function(K)
     local e, out = expect(f, ts, s)
     K.check(op(name, attrs, table.unpack(ts)), e, out, tol)
   end
-  local function raises(pattern, fn, ...)
-    local ok, err = pcall(fn, ...)
-    assert(not ok, "expected an error matching '" .. pattern .. "'")
-    assert(tostring(err):find(pattern, 1, true), err)
-  end
+  local raises = kit.raises
 
   local cases = {}
 

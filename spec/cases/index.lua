@@ -101,11 +101,7 @@ local function ref_causal(v, shape, fill)
   return out
 end
 
-local function errs(pattern, ...)
-  local ok, err = pcall(...)
-  assert(not ok, "expected an error matching '" .. pattern .. "'")
-  assert(tostring(err):find(pattern, 1, true), ("error '%s' does not mention '%s'"):format(tostring(err), pattern))
-end
+local raises = kit.raises
 
 return function(K)
   local function op(name, attrs, ...) return C.op(name, attrs, ...) end
@@ -148,18 +144,18 @@ return function(K)
         end,
         ["out-of-range and fractional indices are errors"] = function()
           local x = K.rand({ 4, 2 })
-          errs("index_select: index 5 is out of range 1..4 (dimension 1, position 2)",
-               op, "index_select", { i = { 0 } }, x, ix({ 1, 5 }))
-          errs("index 0 is out of range 1..2", op, "index_select", { i = { 1 } }, x, ix({ 0 }))
-          errs("index 1.5 is not a whole number in 1..4", op, "index_select", { i = { 0 } }, x, ix({ 1.5 }))
-          errs("index nan", op, "index_select", { i = { 0 } }, x, ix({ nan }))
-          errs("index 1 is out of range 1..0", op, "index_select", { i = { 0 } }, K.tensor({}, { 0, 2 }), ix({ 1 }))
+          raises("index_select: index 5 is out of range 1..4 (dimension 1, position 2)",
+                 op, "index_select", { i = { 0 } }, x, ix({ 1, 5 }))
+          raises("index 0 is out of range 1..2", op, "index_select", { i = { 1 } }, x, ix({ 0 }))
+          raises("index 1.5 is not a whole number in 1..4", op, "index_select", { i = { 0 } }, x, ix({ 1.5 }))
+          raises("index nan", op, "index_select", { i = { 0 } }, x, ix({ nan }))
+          raises("index 1 is out of range 1..0", op, "index_select", { i = { 0 } }, K.tensor({}, { 0, 2 }), ix({ 1 }))
         end,
         ["bad shapes and dims are errors"] = function()
           local x = K.rand({ 4, 2 })
-          errs("index_select: the indices must be 1-D, got 1x2", op, "index_select", { i = { 0 } }, x, ix({ 1, 2 }, { 1, 2 }))
-          errs("index_select: dimension 3 is out of range", op, "index_select", { i = { 2 } }, x, ix({ 1 }))
-          errs("index_select: cannot index a 0-d tensor", op, "index_select", { i = { 0 } }, K.tensor({ 1 }, {}), ix({ 1 }))
+          raises("index_select: the indices must be 1-D, got 1x2", op, "index_select", { i = { 0 } }, x, ix({ 1, 2 }, { 1, 2 }))
+          raises("index_select: dimension 3 is out of range", op, "index_select", { i = { 2 } }, x, ix({ 1 }))
+          raises("index_select: cannot index a 0-d tensor", op, "index_select", { i = { 0 } }, K.tensor({ 1 }, {}), ix({ 1 }))
         end,
       },
       grad = {
@@ -200,10 +196,10 @@ return function(K)
         end,
         ["errors: range, ndim, sizes"] = function()
           local x = K.rand({ 3, 4 })
-          errs("gather: index 5 is out of range 1..4 (dimension 2, position 3)", op, "gather", { i = { 1 } }, x,
-               ix({ 1, 2, 5 }, { 1, 3 }))
-          errs("must have as many dimensions", op, "gather", { i = { 1 } }, x, ix({ 1 }, { 1 }))
-          errs("larger than the input (3x4) in dimension 1", op, "gather", { i = { 1 } }, x, ix({ 1, 1, 1, 1 }, { 4, 1 }))
+          raises("gather: index 5 is out of range 1..4 (dimension 2, position 3)", op, "gather", { i = { 1 } }, x,
+                 ix({ 1, 2, 5 }, { 1, 3 }))
+          raises("must have as many dimensions", op, "gather", { i = { 1 } }, x, ix({ 1 }, { 1 }))
+          raises("larger than the input (3x4) in dimension 1", op, "gather", { i = { 1 } }, x, ix({ 1, 1, 1, 1 }, { 4, 1 }))
         end,
       },
       grad = {
@@ -250,14 +246,14 @@ return function(K)
         end,
         ["errors: sizes, dtypes, none, 0-d, dim"] = function()
           local a, b = K.rand({ 2, 3 }), K.rand({ 2, 4 })
-          errs("concat: tensor 2 is 2x4 but tensor 1 is 2x3 (sizes must match except in dimension 1)",
-               op, "concat", { i = { 0 } }, a, b)
+          raises("concat: tensor 2 is 2x4 but tensor 1 is 2x3 (sizes must match except in dimension 1)",
+                 op, "concat", { i = { 0 } }, a, b)
           local other = K.place(C.from_table({ 1, 2, 3 }, { 1, 3 }, K.dtype == "float32" and "float64" or "float32"))
-          errs("concat: input 2 is", op, "concat", { i = { 0 } }, a, other)
-          errs("concat: needs at least one tensor", op, "concat", { i = { 0 } })
-          errs("concat: cannot concatenate 0-d tensors", op, "concat", { i = { 0 } }, K.tensor({ 1 }, {}))
-          errs("concat: dimension 3 is out of range", op, "concat", { i = { 2 } }, a, a)
-          errs("concat: tensor 2 is 6 but tensor 1 is 2x3", op, "concat", { i = { 0 } }, a, (K.rand({ 6 })))
+          raises("concat: input 2 is", op, "concat", { i = { 0 } }, a, other)
+          raises("concat: needs at least one tensor", op, "concat", { i = { 0 } })
+          raises("concat: cannot concatenate 0-d tensors", op, "concat", { i = { 0 } }, K.tensor({ 1 }, {}))
+          raises("concat: dimension 3 is out of range", op, "concat", { i = { 2 } }, a, a)
+          raises("concat: tensor 2 is 6 but tensor 1 is 2x3", op, "concat", { i = { 0 } }, a, (K.rand({ 6 })))
         end,
       },
       grad = {
@@ -290,9 +286,9 @@ return function(K)
         end,
         ["errors: range, weight shape"] = function()
           local w = K.rand({ 10, 2 })
-          errs("embedding: index 11 is out of range 1..10 (position 3)", op, "embedding", nil, w, ix({ 1, 2, 11 }))
-          errs("embedding: index 0 is out of range", op, "embedding", nil, w, ix({ 0 }))
-          errs("embedding: the weight must be 2-D (vocabulary x dim), got 10", op, "embedding", nil, K.rand({ 10 }), ix({ 1 }))
+          raises("embedding: index 11 is out of range 1..10 (position 3)", op, "embedding", nil, w, ix({ 1, 2, 11 }))
+          raises("embedding: index 0 is out of range", op, "embedding", nil, w, ix({ 0 }))
+          raises("embedding: the weight must be 2-D (vocabulary x dim), got 10", op, "embedding", nil, K.rand({ 10 }), ix({ 1 }))
         end,
       },
       grad = {
@@ -329,8 +325,8 @@ return function(K)
           K.check(op("causal_mask", { i = { 1 } }, x), ref_causal(v, { 3, 3 }, 0), { 3, 3 })
         end,
         ["non-square scores are an error"] = function()
-          errs("causal_mask: the scores must be (..., T, T), got 2x3", op, "causal_mask", nil, (K.rand({ 2, 3 })))
-          errs("causal_mask: the scores must be (..., T, T), got 4", op, "causal_mask", nil, (K.rand({ 4 })))
+          raises("causal_mask: the scores must be (..., T, T), got 2x3", op, "causal_mask", nil, (K.rand({ 2, 3 })))
+          raises("causal_mask: the scores must be (..., T, T), got 4", op, "causal_mask", nil, (K.rand({ 4 })))
         end,
       },
       grad = {
@@ -376,9 +372,9 @@ return function(K)
           K.check(op("index_add", { i = { 0, 3 } }, K.tensor({}, { 0, 2 }), ix({}, { 0 })), { 0, 0, 0, 0, 0, 0 }, { 3, 2 })
         end,
         ["errors"] = function()
-          errs("index_add: index 3 is out of range 1..2", op, "index_add", { i = { 0, 2 } }, K.rand({ 1, 2 }), ix({ 3 }))
-          errs("index_add: the indices (2) must be 1-D with one index per slice", op, "index_add", { i = { 0, 2 } },
-               K.rand({ 1, 2 }), ix({ 1, 1 }))
+          raises("index_add: index 3 is out of range 1..2", op, "index_add", { i = { 0, 2 } }, K.rand({ 1, 2 }), ix({ 3 }))
+          raises("index_add: the indices (2) must be 1-D with one index per slice", op, "index_add", { i = { 0, 2 } },
+                 K.rand({ 1, 2 }), ix({ 1, 1 }))
         end,
       },
     },
@@ -403,12 +399,12 @@ return function(K)
                   { 0, 0 }, { 2, 1 })
         end,
         ["errors"] = function()
-          errs("scatter_add: index 3 is out of range 1..2", op, "scatter_add", { i = { 1 }, shape = { 1, 2 } },
-               K.rand({ 1, 1 }), ix({ 3 }, { 1, 1 }))
-          errs("must have the source's shape", op, "scatter_add", { i = { 1 }, shape = { 1, 2 } },
-               K.rand({ 1, 1 }), ix({ 1, 1 }, { 1, 2 }))
-          errs("does not fit the output", op, "scatter_add", { i = { 1 }, shape = { 1, 2 } },
-               K.rand({ 2, 1 }), ix({ 1, 1 }, { 2, 1 }))
+          raises("scatter_add: index 3 is out of range 1..2", op, "scatter_add", { i = { 1 }, shape = { 1, 2 } },
+                 K.rand({ 1, 1 }), ix({ 3 }, { 1, 1 }))
+          raises("must have the source's shape", op, "scatter_add", { i = { 1 }, shape = { 1, 2 } },
+                 K.rand({ 1, 1 }), ix({ 1, 1 }, { 1, 2 }))
+          raises("does not fit the output", op, "scatter_add", { i = { 1 }, shape = { 1, 2 } },
+                 K.rand({ 2, 1 }), ix({ 1, 1 }, { 2, 1 }))
         end,
       },
     },
@@ -436,7 +432,7 @@ return function(K)
           K.check(op("narrow_backward", { i = { 0, 2, 2 } }, K.tensor({}, { 0, 2 })), { 0, 0, 0, 0 }, { 2, 2 })
         end,
         ["window out of range is an error"] = function()
-          errs("narrow_backward: window 2..4 does not fit in size 3", op, "narrow_backward", { i = { 0, 1, 3 } }, (K.rand({ 3 })))
+          raises("narrow_backward: window 2..4 does not fit in size 3", op, "narrow_backward", { i = { 0, 1, 3 } }, (K.rand({ 3 })))
         end,
       },
     },

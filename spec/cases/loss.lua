@@ -36,11 +36,7 @@ local function ref_mse(a, b)
   return acc / #a
 end
 
-local function errs(pattern, ...)
-  local ok, err = pcall(...)
-  assert(not ok, "expected an error matching '" .. pattern .. "'")
-  assert(tostring(err):find(pattern, 1, true), ("error '%s' does not mention '%s'"):format(tostring(err), pattern))
-end
+local raises = kit.raises
 
 local function labels_for(n, ncls)
   local l = {}
@@ -86,17 +82,17 @@ return function(K)
         end,
         ["label out of range is an error naming the row"] = function()
           local x = K.rand({ 4, 10 })
-          errs("cross_entropy: label 11 is out of range 1..10 (row 3)", op, "cross_entropy", nil, x, lab({ 1, 2, 11, 1 }))
-          errs("cross_entropy: label 0 is out of range 1..10 (row 1)", op, "cross_entropy", nil, x, lab({ 0, 2, 1, 1 }))
-          errs("cross_entropy: label 2.5 is not a whole number in 1..10 (row 2)", op, "cross_entropy", nil, x,
-               lab({ 1, 2.5, 1, 1 }))
+          raises("cross_entropy: label 11 is out of range 1..10 (row 3)", op, "cross_entropy", nil, x, lab({ 1, 2, 11, 1 }))
+          raises("cross_entropy: label 0 is out of range 1..10 (row 1)", op, "cross_entropy", nil, x, lab({ 0, 2, 1, 1 }))
+          raises("cross_entropy: label 2.5 is not a whole number in 1..10 (row 2)", op, "cross_entropy", nil, x,
+                 lab({ 1, 2.5, 1, 1 }))
         end,
         ["shape errors"] = function()
-          errs("cross_entropy: the logits must be 2-D (N x C), got 2x3x4", op, "cross_entropy", nil,
-               K.rand({ 2, 3, 4 }), lab({ 1, 1 }))
-          errs("cross_entropy: the labels must be 1-D with one label per row of the logits (4x3), got 3", op,
-               "cross_entropy", nil, K.rand({ 4, 3 }), lab({ 1, 1, 1 }))
-          errs("one label per row", op, "cross_entropy", nil, K.rand({ 2, 3 }), K.tensor({ 1, 1 }, { 2, 1 }))
+          raises("cross_entropy: the logits must be 2-D (N x C), got 2x3x4", op, "cross_entropy", nil,
+                 K.rand({ 2, 3, 4 }), lab({ 1, 1 }))
+          raises("cross_entropy: the labels must be 1-D with one label per row of the logits (4x3), got 3", op,
+                 "cross_entropy", nil, K.rand({ 4, 3 }), lab({ 1, 1, 1 }))
+          raises("one label per row", op, "cross_entropy", nil, K.rand({ 2, 3 }), K.tensor({ 1, 1 }, { 2, 1 }))
         end,
       },
       grad = {
@@ -125,10 +121,10 @@ return function(K)
           K.check(op("cross_entropy_backward", nil, x, lab(l), K.tensor({ -2 }, {})), ref_ce_backward(v, l, 3, -2), { 2, 3 })
         end,
         ["errors"] = function()
-          errs("cross_entropy_backward: the loss gradient must have one element", op, "cross_entropy_backward", nil,
-               K.rand({ 2, 3 }), lab({ 1, 1 }), (K.rand({ 2 })))
-          errs("cross_entropy_backward: label 4 is out of range 1..3 (row 2)", op, "cross_entropy_backward", nil,
-               K.rand({ 2, 3 }), lab({ 1, 4 }), K.tensor({ 1 }, {}))
+          raises("cross_entropy_backward: the loss gradient must have one element", op, "cross_entropy_backward", nil,
+                 K.rand({ 2, 3 }), lab({ 1, 1 }), (K.rand({ 2 })))
+          raises("cross_entropy_backward: label 4 is out of range 1..3 (row 2)", op, "cross_entropy_backward", nil,
+                 K.rand({ 2, 3 }), lab({ 1, 4 }), K.tensor({ 1 }, {}))
         end,
       },
     },
@@ -155,8 +151,8 @@ return function(K)
           K.check(op("mse", nil, K.tensor({ nan, 1 }, { 2 }), K.tensor({ 0, 1 }, { 2 })), { nan }, {})
         end,
         ["shape mismatch is an error (no broadcasting)"] = function()
-          errs("mse: the prediction is 2x3 but the target is 3 (shapes must match; no broadcasting)", op, "mse", nil,
-               K.rand({ 2, 3 }), (K.rand({ 3 })))
+          raises("mse: the prediction is 2x3 but the target is 3 (shapes must match; no broadcasting)", op, "mse", nil,
+                 K.rand({ 2, 3 }), (K.rand({ 3 })))
         end,
       },
       grad = {

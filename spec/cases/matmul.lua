@@ -74,19 +74,8 @@ end
 return function(K)
   local function op(name, attrs, ...) return C.op(name, attrs, ...) end
   local tol = K.dtype == "float32" and 1e-4 or 1e-10
-  local function rand(shape)
-    local t = K.rand(shape)
-    return t, C.flat(t)
-  end
-  local function noncontig(shape)
-    local t = K.noncontig(shape)
-    return t, C.flat(t)
-  end
-  local function raises(pattern, f, ...)
-    local ok, err = pcall(f, ...)
-    assert(not ok, "expected an error matching '" .. pattern .. "'")
-    assert(tostring(err):find(pattern, 1, true), err)
-  end
+  local rand, noncontig = K.rand_stored, K.noncontig_stored
+  local raises = kit.raises
   -- matmul of (ta, va, sa) and (tb, vb, sb) against the oracle.
   local function check_mm(ta, va, sa, tb, vb, sb, what)
     local e, shape = mm_ref(va, sa, vb, sb)

@@ -63,19 +63,8 @@ end
 return function(K)
   local function op(name, attrs, ...) return C.op(name, attrs, ...) end
   local tol = K.dtype == "float32" and 1e-4 or 1e-9
-  local function rand(shape, lo, hi)
-    local t = K.rand(shape, lo, hi)
-    return t, C.flat(t)
-  end
-  local function noncontig(shape)
-    local t = K.noncontig(shape)
-    return t, C.flat(t)
-  end
-  local function raises(pattern, f, ...)
-    local ok, err = pcall(f, ...)
-    assert(not ok, "expected an error matching '" .. pattern .. "'")
-    assert(tostring(err):find(pattern, 1, true), err)
-  end
+  local rand, noncontig = K.rand_stored, K.noncontig_stored
+  local raises = kit.raises
   local function leading(shape)
     local s = {}
     for i = 1, #shape - 1 do s[i] = shape[i] end

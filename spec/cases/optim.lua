@@ -39,11 +39,7 @@ local function ref_adam(p, g, m, v, o, t)
   return np, nm, nv
 end
 
-local function errs(pattern, ...)
-  local ok, err = pcall(...)
-  assert(not ok, "expected an error matching '" .. pattern .. "'")
-  assert(tostring(err):find(pattern, 1, true), ("error '%s' does not mention '%s'"):format(tostring(err), pattern))
-end
+local raises = kit.raises
 
 return function(K)
   local function op(name, attrs, ...) return C.op(name, attrs, ...) end
@@ -124,11 +120,11 @@ return function(K)
         end,
         ["errors"] = function()
           local p, g, b = K.rand({ 2, 2 }), K.rand({ 2, 2 }), K.rand({ 2, 2 })
-          errs("sgd_step: nesterov momentum requires a momentum and zero dampening", op, "sgd_step",
-               { f = { 0.1, 0.9, 0, 0.1 }, i = { 1, 0 } }, p, g, b)
-          errs("sgd_step: nesterov", op, "sgd_step", { f = { 0.1, 0, 0, 0 }, i = { 1, 0 } }, p, g, b)
-          errs("sgd_step: invalid learning rate -1", op, "sgd_step", { f = { -1 } }, p, g, b)
-          errs("sgd_step: grad is 4 but param is 2x2", op, "sgd_step", { f = { 0.1 } }, p, (K.rand({ 4 })), b)
+          raises("sgd_step: nesterov momentum requires a momentum and zero dampening", op, "sgd_step",
+                 { f = { 0.1, 0.9, 0, 0.1 }, i = { 1, 0 } }, p, g, b)
+          raises("sgd_step: nesterov", op, "sgd_step", { f = { 0.1, 0, 0, 0 }, i = { 1, 0 } }, p, g, b)
+          raises("sgd_step: invalid learning rate -1", op, "sgd_step", { f = { -1 } }, p, g, b)
+          raises("sgd_step: grad is 4 but param is 2x2", op, "sgd_step", { f = { 0.1 } }, p, (K.rand({ 4 })), b)
         end,
       },
     },
@@ -164,14 +160,14 @@ return function(K)
           local p, g = K.rand({ 2 }), K.rand({ 2 })
           local m, v = K.rand({ 2 }), K.rand({ 2 })
           local function at(f, i) return { f = f, i = i } end
-          errs("adamw_step: step 0 must be >= 1", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 0, 1, 0 }), p, g, m, v)
-          errs("adamw_step: invalid beta1 1", op, "adamw_step", at({ 0.1, 1, 0.999, 1e-8 }, { 1, 1, 0 }), p, g, m, v)
-          errs("adamw_step: invalid beta2 -0.5", op, "adamw_step", at({ 0.1, 0.9, -0.5, 1e-8 }, { 1, 1, 0 }), p, g, m, v)
-          errs("adamw_step: invalid weight_decay -0.5", op, "adamw_step",
-               at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 1, f64bits(-0.5) }), p, g, m, v)
-          errs("adamw_step: decoupled (i[1]) must be 0 or 1", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 2, 0 }), p, g, m, v)
-          errs("adamw_step: state 2 is 3 but param is 2", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 1, 0 }),
-               p, g, m, (K.rand({ 3 })))
+          raises("adamw_step: step 0 must be >= 1", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 0, 1, 0 }), p, g, m, v)
+          raises("adamw_step: invalid beta1 1", op, "adamw_step", at({ 0.1, 1, 0.999, 1e-8 }, { 1, 1, 0 }), p, g, m, v)
+          raises("adamw_step: invalid beta2 -0.5", op, "adamw_step", at({ 0.1, 0.9, -0.5, 1e-8 }, { 1, 1, 0 }), p, g, m, v)
+          raises("adamw_step: invalid weight_decay -0.5", op, "adamw_step",
+                 at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 1, f64bits(-0.5) }), p, g, m, v)
+          raises("adamw_step: decoupled (i[1]) must be 0 or 1", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 2, 0 }), p, g, m, v)
+          raises("adamw_step: state 2 is 3 but param is 2", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 1, 0 }),
+                 p, g, m, (K.rand({ 3 })))
         end,
       },
     },

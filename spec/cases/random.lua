@@ -51,11 +51,7 @@ return function(K)
   local function flat(t) return C.flat(K.device == "cpu" and t or C.to_device(t, "cpu")) end
   local function draw(name, shape) return C.op(name, { i = { DT[K.dtype], DEV[K.device] }, shape = shape }) end
   local function dropout(x, p) return C.op("dropout", { f = { p } }, x) end
-  local function raises(pattern, fn, ...)
-    local ok, err = pcall(fn, ...)
-    assert(not ok, "expected an error matching '" .. pattern .. "'")
-    assert(tostring(err):find(pattern, 1, true), err)
-  end
+  local raises = kit.raises
   local function same_bits(a, b, what)
     assert(#a == #b, what .. ": lengths differ")
     for i = 1, #a do

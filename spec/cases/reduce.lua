@@ -97,19 +97,8 @@ end
 
 return function(K)
   local function op(name, attrs, ...) return C.op(name, attrs, ...) end
-  local function rand(shape, lo, hi)
-    local t = K.rand(shape, lo, hi)
-    return t, C.flat(t)  -- the stored values (rounded to the dtype) are the oracle's input
-  end
-  local function noncontig(shape)
-    local t = K.noncontig(shape)
-    return t, C.flat(t)
-  end
-  local function raises(pattern, f, ...)
-    local ok, err = pcall(f, ...)
-    assert(not ok, "expected an error matching '" .. pattern .. "'")
-    assert(tostring(err):find(pattern, 1, true), err)
-  end
+  local rand, noncontig = K.rand_stored, K.noncontig_stored
+  local raises = kit.raises
 
   -- Runs a reduction op over several dims/keepdims of (t, v, shape) against ref.
   local function check_reduce(name, ref, t, v, shape, dims)

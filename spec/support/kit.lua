@@ -28,6 +28,13 @@ function kit.values(shape, lo, hi)
   return v
 end
 
+-- Asserts that f(...) raises an error whose text contains pattern (plain text).
+function kit.raises(pattern, f, ...)
+  local ok, err = pcall(f, ...)
+  assert(not ok, "expected an error matching '" .. pattern .. "'")
+  assert(tostring(err):find(pattern, 1, true), ("error '%s' does not mention '%s'"):format(tostring(err), pattern))
+end
+
 -- A kit bound to a dtype and device.
 function kit.new(dtype, device)
   local K = { dtype = dtype or "float32", device = device or "cpu" }
@@ -75,6 +82,17 @@ function kit.new(dtype, device)
     local v = {}
     for i = 1, n do v[i] = bv[(i - 1) * 2 + 1] end
     return t, v
+  end
+
+  -- K.rand and K.noncontig with the values as stored (rounded to the dtype), which is
+  -- what an oracle computing in double must be given.
+  function K.rand_stored(shape, lo, hi)
+    local t = K.rand(shape, lo, hi)
+    return t, C.flat(t)
+  end
+  function K.noncontig_stored(shape, lo, hi)
+    local t = K.noncontig(shape, lo, hi)
+    return t, C.flat(t)
   end
 
   K.tol = K.dtype == "float64" and 1e-10 or 2e-5
