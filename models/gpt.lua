@@ -17,6 +17,7 @@
 local remat = require "remat"
 local nn, optim, policy = remat.nn, remat.optim, remat.policy
 local fmt = remat.memory.format
+local cli = require "remat.cli"
 
 local argv = { ... } -- as `remat SCRIPT args` and `remat plan` pass them
 
@@ -32,31 +33,11 @@ local o = { text = "/usr/share/common-licenses/GPL-3", steps = 400, dim = 128, l
             batch = 32, lr = 3e-3, dropout = 0.1, policy = "none", every = 50, sample = 300, temperature = 0.8,
             seed = 1, save = nil, quick = false, plan = false }
 do
-  local numeric = { steps = true, dim = true, layers = true, heads = true, block = true, batch = true, lr = true,
-                    dropout = true, every = true, sample = true, temperature = true, seed = true }
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    local key = a:match("^%-%-(.+)$")
-    if a == "--quick" then o.quick = true
-    elseif a == "--plan" then o.plan = true
-    elseif key and (numeric[key] or key == "policy" or key == "save") then
-      local v = argv[i + 1]
-      if v == nil then usage(a .. " needs a value") end
-      if numeric[key] then
-        o[key] = tonumber(v)
-        if not o[key] then usage(a .. " needs a number, got " .. v) end
-      else
-        o[key] = v
-      end
-      i = i + 1
-    elseif not key then
-      o.text = a
-    else
-      usage("unknown argument " .. a)
-    end
-    i = i + 1
-  end
+  cli.parse(argv, o, {
+    numbers = { steps = true, dim = true, layers = true, heads = true, block = true, batch = true, lr = true,
+                dropout = true, every = true, sample = true, temperature = true, seed = true },
+    strings = { policy = true, save = true }, switches = { quick = true, plan = true }, positional = "text",
+    usage = usage })
   if o.quick then
     o.steps, o.dim, o.layers, o.heads, o.block, o.batch, o.every, o.sample = 30, 32, 2, 2, 16, 8, 10, 40
   end

@@ -18,6 +18,7 @@
 local remat = require "remat"
 local nn, optim, policy = remat.nn, remat.optim, remat.policy
 local fmt = remat.memory.format
+local cli = require "remat.cli"
 
 local argv = { ... } -- as `remat SCRIPT args` and `remat plan` pass them
 
@@ -31,28 +32,9 @@ end
 local o = { epochs = 2, batch = 128, blocks = 8, width = 256, lr = 2e-3, budget = "60%", every = 100, seed = 1,
             save = nil, quick = false, plan = false, train_limit = nil, test_limit = nil }
 do
-  local numeric = { epochs = true, batch = true, blocks = true, width = true, lr = true, every = true, seed = true }
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    local key = a:match("^%-%-(.+)$")
-    if a == "--quick" then o.quick = true
-    elseif a == "--plan" then o.plan = true
-    elseif key and (numeric[key] or key == "budget" or key == "save") then
-      local v = argv[i + 1]
-      if v == nil then usage(a .. " needs a value") end
-      if numeric[key] then
-        o[key] = tonumber(v)
-        if not o[key] then usage(a .. " needs a number, got " .. v) end
-      else
-        o[key] = v
-      end
-      i = i + 1
-    else
-      usage("unknown argument " .. a)
-    end
-    i = i + 1
-  end
+  cli.parse(argv, o, {
+    numbers = { epochs = true, batch = true, blocks = true, width = true, lr = true, every = true, seed = true },
+    strings = { budget = true, save = true }, switches = { quick = true, plan = true }, usage = usage })
   if o.quick then
     o.epochs, o.blocks, o.width, o.train_limit, o.test_limit, o.every = 1, 4, 64, 2048, 1000, 4
   end
