@@ -57,6 +57,16 @@ int rm_check_same_dtype(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *
   return RM_OK;
 }
 
+int rm_check_shape(rm_ctx *ctx, const char *op, const char *what, const rm_tensor *t, int n,
+                   const int64_t *s) {
+  bool ok = t->ndim == n;
+  for (int d = 0; ok && d < n; d++) ok = t->shape[d] == s[d];
+  if (ok) return RM_OK;
+  char s1[96], s2[96];
+  return rm_fail(ctx, RM_ERR_SHAPE, "%s: %s has shape %s, expected %s", op, what,
+                 rm_tensor_shape_str(t, s1, sizeof s1), rm_shape_str(n, s, s2, sizeof s2));
+}
+
 int rm_broadcast_shape(rm_ctx *ctx, const char *op, int na, const int64_t *a, int nb,
                        const int64_t *b, int *nout, int64_t *out) {
   int n = na > nb ? na : nb;

@@ -120,6 +120,9 @@ int rm_node_recompute(rm_ctx *ctx, rm_node *n);
 /* Helpers for infer steps. */
 int rm_check_same_device(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in);
 int rm_check_same_dtype(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in);
+/* Checks that t has shape s (n dims); RM_ERR_SHAPE "op: what has shape AxB, expected CxD". */
+int rm_check_shape(rm_ctx *ctx, const char *op, const char *what, const rm_tensor *t, int n,
+                   const int64_t *s);
 /* Broadcast shapes a and b (numpy rules) into out; error names op and both shapes. */
 int rm_broadcast_shape(rm_ctx *ctx, const char *op, int na, const int64_t *a, int nb,
                        const int64_t *b, int *nout, int64_t *out);

@@ -28,17 +28,6 @@ rm_tensor *rm_attention(rm_ctx *ctx, rm_tensor *q, rm_tensor *k, rm_tensor *v, b
 
 /* ---- shapes ---- */
 
-/* Checks that t has shape (ndim n, shape s); names it `what`. */
-static int check_shape(rm_ctx *ctx, const char *op, const char *what, const rm_tensor *t, int n,
-                       const int64_t *s) {
-  bool ok = t->ndim == n;
-  for (int d = 0; ok && d < n; d++) ok = t->shape[d] == s[d];
-  if (ok) return RM_OK;
-  char s1[96], s2[96];
-  return rm_fail(ctx, RM_ERR_SHAPE, "%s: %s has shape %s, expected %s", op, what,
-                 rm_tensor_shape_str(t, s1, sizeof s1), rm_shape_str(n, s, s2, sizeof s2));
-}
-
 static rm_dtype lse_dtype(rm_dtype dt) { return dt == RM_F64 ? RM_F64 : RM_F32; }
 
 /* Checks q, k, v (in[0..2]) and the attrs; fills y's and lse's metas. */
@@ -57,7 +46,7 @@ static int check_qkv(rm_ctx *ctx, const char *op, rm_tensor *const *in, const rm
     return rm_fail(ctx, RM_ERR_SHAPE, "%s: k has shape %s but q has shape %s (k must be (..., Tk, %lld) "
                    "with q's leading dims)", op, rm_tensor_shape_str(k, s1, sizeof s1),
                    rm_tensor_shape_str(q, s2, sizeof s2), (long long)q->shape[n - 1]);
-  if (check_shape(ctx, op, "v", v, n, k->shape)) return ctx->err_code;
+  if (rm_check_shape(ctx, op, "v", v, n, k->shape)) return ctx->err_code;
   if (a->i[0] != 0 && a->i[0] != 1)
     return rm_fail(ctx, RM_ERR_ARG, "%s: causal (i[0]) must be 0 or 1 (got %lld)", op, (long long)a->i[0]);
   if (!isfinite(a->f[0]))
@@ -85,8 +74,9 @@ static int attention_bw_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const 
   if (check_qkv(ctx, op, in, a, &y, &lse)) return ctx->err_code;
   if (rm_check_same_device(ctx, op, 6, in)) return ctx->err_code;
   rm_tensor *q = in[0];
-  if (check_shape(ctx, op, "y", in[3], y.ndim, y.shape) || check_shape(ctx, op, "gy", in[5], y.ndim, y.shape) ||
-      check_shape(ctx, op, "lse", in[4], lse.ndim, lse.shape))
+  if (rm_check_shape(ctx, op, "y", in[3], y.ndim, y.shape) ||
+      rm_check_shape(ctx, op, "gy", in[5], y.ndim, y.shape) ||
+      rm_check_shape(ctx, op, "lse", in[4], lse.ndim, lse.shape))
     return ctx->err_code;
   for (int i = 3; i < 6; i++) {
     rm_dtype want = i == 4 ? lse.dtype : q->dtype;

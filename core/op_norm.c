@@ -55,16 +55,6 @@ static int check_norm(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in
   return RM_OK;
 }
 
-/* Checks that in[i] has shape `want` (ndim n, shape s); names it `what`. */
-static int check_shape(rm_ctx *ctx, const char *op, const char *what, rm_tensor *t, int n, const int64_t *s) {
-  bool ok = t->ndim == n;
-  for (int d = 0; ok && d < n; d++) ok = t->shape[d] == s[d];
-  if (ok) return RM_OK;
-  char s1[96], s2[96];
-  return rm_fail(ctx, RM_ERR_SHAPE, "%s: %s has shape %s, expected %s", op, what,
-                 rm_tensor_shape_str(t, s1, sizeof s1), rm_shape_str(n, s, s2, sizeof s2));
-}
-
 static const char *const affine_names[] = { "weight", "bias" };
 
 static int layernorm_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
@@ -95,12 +85,12 @@ static int norm_bw_infer(rm_ctx *ctx, const char *op, int nin, rm_tensor *const 
   rm_tensor *x = in[0];
   if (x->ndim == 0) return rm_fail(ctx, RM_ERR_SHAPE, "%s: input must have at least 1 dimension", op);
   for (int i = 1; i <= nstats; i++)
-    if (check_shape(ctx, op, "a statistic", in[i], x->ndim - 1, x->shape)) return ctx->err_code;
-  if (check_shape(ctx, op, "the gradient", in[ng], x->ndim, x->shape)) return ctx->err_code;
+    if (rm_check_shape(ctx, op, "a statistic", in[i], x->ndim - 1, x->shape)) return ctx->err_code;
+  if (rm_check_shape(ctx, op, "the gradient", in[ng], x->ndim, x->shape)) return ctx->err_code;
   if (nin > ng + 1) {
     rm_tensor *w = in[ng + 1];
     int64_t C = x->shape[x->ndim - 1];
-    if (check_shape(ctx, op, wname[0], w, 1, &C)) return ctx->err_code;
+    if (rm_check_shape(ctx, op, wname[0], w, 1, &C)) return ctx->err_code;
   }
   rm_tensor_meta(x, &out[0]);
   for (int j = 1; j < nout; j++) {
