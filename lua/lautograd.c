@@ -43,13 +43,7 @@ static int l_grad(lua_State *L) {
 static int l_set_grad(lua_State *L) {
   rm_tensor *t = rm_lua_check_tensor(L, 1, "grad");
   rm_tensor *g = lua_isnoneornil(L, 2) ? NULL : rm_lua_check_tensor(L, 2, "grad");
-  rm_ctx *ctx = rm_lua_ctx(L);
-  if (g && (!rm_same_shape(g, t) || g->dtype != t->dtype || g->device != t->device))
-    return rm_lua_errorf(L, "grad: the gradient must match the tensor's shape, dtype and device");
-  if (g) rm_tensor_hold(g);
-  if (t->grad) rm_tensor_drop(ctx, t->grad);
-  t->grad = g;
-  return 0;
+  return rm_lua_set_grad(L, t, g);
 }
 
 /* C.detach(t) -> a tensor sharing t's data with no history */

@@ -26,6 +26,9 @@ rm_tensor *rm_lua_check_tensor(lua_State *L, int idx, const char *fn);
 rm_tensor *rm_lua_test_tensor(lua_State *L, int idx);
 /* Pushes a userdata taking over the caller's hold on t (t NULL: raises ctx error). */
 void rm_lua_push_tensor(lua_State *L, rm_tensor *t, const char *fn);
+/* Sets t's gradient to g (a new hold; NULL clears it), dropping the old one; raises
+ * "grad: ..." when g's shape, dtype or device differ from t's. Returns 0. */
+int rm_lua_set_grad(lua_State *L, rm_tensor *t, rm_tensor *g);
 
 /* Registration of each binding file's functions into the C table at -1. */
 void rm_lua_open_tensor(lua_State *L);

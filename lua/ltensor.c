@@ -511,6 +511,15 @@ static int t_index(lua_State *L) {
   return 1;
 }
 
+int rm_lua_set_grad(lua_State *L, rm_tensor *t, rm_tensor *g) {
+  if (g && (!rm_same_shape(g, t) || g->dtype != t->dtype || g->device != t->device))
+    return rm_lua_errorf(L, "grad: the gradient must match the tensor's shape, dtype and device");
+  if (g) rm_tensor_hold(g);
+  if (t->grad) rm_tensor_drop(rm_lua_ctx(L), t->grad);
+  t->grad = g;
+  return 0;
+}
+
 /* __newindex: x[i] = number|tensor writes into the selected view; x.grad = g|nil. */
 static int t_newindex(lua_State *L) {
   rm_ltensor *b = luaL_checkudata(L, 1, RM_TENSOR_MT);
@@ -534,12 +543,7 @@ static int t_newindex(lua_State *L) {
     if (!b->t) return rm_lua_errorf(L, "grad: the tensor was freed");
     rm_tensor *t = b->t, *g = NULL;
     if (!lua_isnil(L, 3)) g = rm_lua_check_tensor(L, 3, "grad");
-    if (g && (!rm_same_shape(g, t) || g->dtype != t->dtype || g->device != t->device))
-      return rm_lua_errorf(L, "grad: the gradient must match the tensor's shape, dtype and device");
-    if (g) rm_tensor_hold(g);
-    if (t->grad) rm_tensor_drop(ctx, t->grad);
-    t->grad = g;
-    return 0;
+    return rm_lua_set_grad(L, t, g);
   }
   return rm_lua_errorf(L, "tensor: cannot set field '%s' (only x[i] and x.grad can be assigned)",
                        luaL_tolstring(L, 2, NULL));
