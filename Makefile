@@ -99,7 +99,6 @@ check-mem:
 	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" OPT=-O1 CUDA=0 all
 	LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/spec/?.lua;;" LUA_CPATH="$(CURDIR)/build-asan/?.so;;" \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=1 \
-	  LSAN_OPTIONS=suppressions=$(CURDIR)/spec/support/lsan.supp \
 	  busted --exclude-tags=gpu,slow,subprocess,valgrind -o spec/support/summary.lua spec
 
 clean:
