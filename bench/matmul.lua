@@ -1,6 +1,7 @@
 -- Matmul throughput on the CPU: GFLOP/s of remat's matmul (float32, square n x n) for
--- n = 64..2048, next to an estimate of the machine's peak, and the fixed cost of one op
--- dispatch (check, allocate, BLAS call) measured on a 1x1 product.
+-- n = 64..2048, next to OpenBLAS called directly from C (bench/sgemm_direct.c, built here
+-- with cc when it can be: same thread count, preallocated output), an estimate of the
+-- machine's peak, and the fixed cost of one op dispatch measured on a 1x1 product.
 -- Run: remat bench/matmul.lua [max_n]   (or lua5.4 with LUA_CPATH pointing at remat.so)
 local remat = require "remat"
 local C = remat._C
@@ -52,13 +53,33 @@ local peak, cores, mhz, fpc = peak_estimate()
 if peak then
   print(("peak estimate: %.0f GFLOP/s (%d cores x %.0f MHz x %d FLOP/cycle)"):format(peak, cores, mhz, fpc))
 end
+
+-- The direct OpenBLAS program, compiled next to this script's output when cc can.
+local direct = os.tmpname()
+local here = (arg and arg[0] or "bench/matmul.lua"):match("^(.*)/[^/]*$") or "."
+local built = os.execute(("cc -O2 -o %s %s/sgemm_direct.c $(pkg-config --cflags --libs openblas) 2>/dev/null")
+  :format(direct, here))
+local function direct_seconds(n, budget)
+  if not built then return nil end
+  local p = io.popen(("%s %d %g"):format(direct, n, budget))
+  local out = p:read("a")
+  p:close()
+  return tonumber(out)
+end
+
 print()
-print(("%6s %12s %12s %s"):format("n", "ms", "GFLOP/s", peak and "% of peak" or ""))
+print(("%6s %12s %12s %14s %10s %s"):format("n", "ms", "GFLOP/s", "OpenBLAS GF/s", "remat/BLAS", peak and "% of peak" or ""))
 local n = 64
 while n <= max_n do
-  local s = time(product(n), n >= 1024 and 1.0 or 0.3)
+  local budget = n >= 1024 and 1.0 or 0.3
+  local s = time(product(n), budget)
   local gf = 2 * n * n * n / s / 1e9
-  print(("%6d %12.3f %12.1f %s"):format(n, s * 1e3, gf, peak and ("%9.1f"):format(100 * gf / peak) or ""))
+  local d = direct_seconds(n, budget)
+  local dgf = d and 2 * n * n * n / d / 1e9
+  print(("%6d %12.3f %12.1f %14s %10s %s"):format(n, s * 1e3, gf, dgf and ("%.1f"):format(dgf) or "-",
+    dgf and ("%.2f"):format(gf / dgf) or "-", peak and ("%9.1f"):format(100 * gf / peak) or ""))
   collectgarbage()
   n = n * 2
 end
+os.remove(direct)
+if not built then print("(OpenBLAS direct: could not build bench/sgemm_direct.c with cc)") end
