@@ -268,6 +268,18 @@ static int l_cuda_empty_cache(lua_State *L) {
   return 1;
 }
 
+/* C.empty_cache([device]) -> bytes of cached blocks given back (CPU or CUDA) */
+static int l_empty_cache(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  rm_device d = opt_device(L, 1);
+  const rm_backend *b = rm_backend_get(ctx, d);
+  if (!b) return rm_lua_fail(L, "memory.empty_cache");
+  size_t n = b->empty_cache ? b->empty_cache(ctx) : 0;
+  if (b->reserved) ctx->mem[d].reserved = b->reserved(ctx);
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
 /* C.cuda_info() -> { name=, total=, free= } */
 static int l_cuda_info(lua_State *L) {
   rm_ctx *ctx = rm_lua_ctx(L);
@@ -290,6 +302,7 @@ static const luaL_Reg fns[] = {
   { "cuda_synchronize", l_cuda_synchronize },
   { "cuda_empty_cache", l_cuda_empty_cache },
   { "cuda_info", l_cuda_info },
+  { "empty_cache", l_empty_cache },
   { "requires_grad", l_requires_grad },
   { "backward", l_backward },
   { "grad", l_grad },

@@ -1,6 +1,4 @@
 /* The CPU backend table: host memory and the kernels of kernels/cpu/<family>.c. */
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -34,24 +32,6 @@
 #include "../../core/ops.def"
 #undef X
 
-/* Tensor data comes from the context's host allocator, so that a host that counts or
- * pools memory sees it: over-allocated by 64 bytes and aligned up to 64 (for vector
- * loads); the distance back to the block's start (1..64) is kept in the byte before. */
-static void *cpu_malloc(rm_ctx *ctx, size_t n) {
-  size_t total = (n ? n : 1) + 64;
-  if (total < n) return NULL;
-  unsigned char *base = rm_host_malloc(ctx, total);
-  if (!base) return NULL;
-  unsigned char *p = (unsigned char *)(((uintptr_t)base + 64) & ~(uintptr_t)63);
-  p[-1] = (unsigned char)(p - base);
-  return p;
-}
-
-static void cpu_free(rm_ctx *ctx, void *p, size_t n) {
-  unsigned char *d = p;
-  rm_host_free(ctx, d - d[-1], (n ? n : 1) + 64);
-}
-
 static int cpu_copy(rm_ctx *ctx, void *dst, const void *src, size_t n) {
   (void)ctx;
   memcpy(dst, src, n);
@@ -63,8 +43,12 @@ static int cpu_sync(rm_ctx *ctx) { (void)ctx; return RM_OK; }
 const rm_backend rm_cpu_backend = {
   .name = "cpu",
   .device = RM_CPU,
-  .malloc = cpu_malloc,
-  .free = cpu_free,
+  .init = rm_cpu_init,
+  .shutdown = rm_cpu_shutdown,
+  .malloc = rm_cpu_malloc,
+  .free = rm_cpu_free,
+  .reserved = rm_cpu_reserved,
+  .empty_cache = rm_cpu_empty_cache,
   .to_host = cpu_copy,
   .from_host = cpu_copy,
   .synchronize = cpu_sync,

@@ -24,6 +24,14 @@ static inline int64_t rm_cpu_offset(const rm_tensor *t, int64_t i) {
   return off;
 }
 
+/* Tensor memory (kernels/cpu/memory.c): the backend's malloc/free with a block cache. */
+int rm_cpu_init(rm_ctx *ctx, void **state);
+void rm_cpu_shutdown(rm_ctx *ctx, void *state);
+void *rm_cpu_malloc(rm_ctx *ctx, size_t n);
+void rm_cpu_free(rm_ctx *ctx, void *p, size_t n);
+size_t rm_cpu_reserved(rm_ctx *ctx);
+size_t rm_cpu_empty_cache(rm_ctx *ctx);
+
 /* Rows for OpenMP: only parallelise loops worth a thread. */
 #define RM_CPU_PAR_MIN 32768
 

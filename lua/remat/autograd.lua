@@ -42,6 +42,8 @@ function memory.stats(device) return C.memory_stats(device) end
 function memory.reset_peak(device) C.reset_peak(device) end
 function memory.limit(bytes, device) return C.memory_limit(bytes, device) end
 function memory.fail_at(k) C.fail_at(k) end
+-- Gives cached blocks back to the system (CPU or "cuda"); returns the bytes released.
+function memory.empty_cache(device) return C.empty_cache(device) end
 function memory.parse(s) return C.parse_bytes(s) end
 
 -- "1.50 MiB" from bytes.
