@@ -287,6 +287,21 @@ describe("the budget DP", function()
   end)
 end)
 
+describe("model:checkpoint", function()
+  it("re-resolves the policy when a layer is added, and returns the model", function()
+    local m = nn.Sequential { nn.Linear(3, 3) }
+    assert.equal(m, m:checkpoint(policy.every(2)))
+    m:add(nn.ReLU()):add(nn.Linear(3, 2))
+    local plan = m:plan(remat.randn(4, 3))
+    assert.equal(3, #plan.layers)
+    assert.same({ "boundary", "recompute", "boundary" },
+      { plan.layers[1].action, plan.layers[2].action, plan.layers[3].action })
+    local y = m(remat.randn(4, 3))
+    y:sum():backward()
+    assert.truthy(m[3].weight.grad)
+  end)
+end)
+
 describe("checkpoint policies reject bad input", function()
   it("k < 1 and non-integers", function()
     assert.has_error(function() policy.every(0) end, "policy.every: k must be an integer >= 1, got 0")

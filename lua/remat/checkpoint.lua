@@ -77,6 +77,15 @@ local function prepare(model, x, loss)
 end
 remat._prepare_checkpoint = prepare
 
+-- Adding a layer re-resolves the policy for the new length.
+local raw_add = Module.add
+function Module:add(m)
+  raw_add(self, m)
+  local st = state[self]
+  if st then self:checkpoint(st.policy) end
+  return self
+end
+
 local raw_forward = Module.forward
 function Module:forward(x)
   if state[self] and C.grad_enabled() then prepare(self, x) end
