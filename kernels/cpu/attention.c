@@ -14,10 +14,13 @@
 #include <omp.h>
 
 #include "cpu.h"
+#include "fastmath.h"
 
 #define ATT_RB 16
 
-#define EXP(x) _Generic((x), float: expf, default: exp)(x)
+/* float32 exps on the vectorisable rm_expf (each exp loop below is a SIMD loop of its
+ * own), float64 on libm */
+#define EXP(x) _Generic((x), float: rm_expf, default: exp)(x)
 
 /* Geometry shared by both kernels. */
 typedef struct {
@@ -100,7 +103,10 @@ static rm_tensor *scratch(rm_ctx *ctx, rm_dtype dt, int nth, int64_t per) {
         for (int64_t j = 0; j < ke; j++)                                                 \
           if (s[j] > m) m = s[j];                                                        \
         double l = 0;                                                                    \
-        for (int64_t j = 0; j < ke; j++) { s[j] = EXP(s[j] - m); l += s[j]; }            \
+        _Pragma("omp simd")                                                             \
+        for (int64_t j = 0; j < ke; j++) s[j] = EXP(s[j] - m);                           \
+        _Pragma("omp simd reduction(+:l)")                                              \
+        for (int64_t j = 0; j < ke; j++) l += s[j];                                      \
         for (int64_t d = 0; d < hd; d++) yr[d] = 0;                                      \
         for (int64_t j = 0; j < ke; j++) {                                               \
           T p = s[j];                                                                    \
@@ -146,8 +152,10 @@ static rm_tensor *scratch(rm_ctx *ctx, rm_dtype dt, int nth, int64_t per) {
         rowdots_##T(gyr, vT, hd, kmax, ke, dp);                                          \
         T L = lse[r], Dt = (T)D;                                                         \
         for (int64_t d = 0; d < hd; d++) gqr[d] = 0;                                     \
+        _Pragma("omp simd")                                                             \
+        for (int64_t j = 0; j < ke; j++) s[j] = EXP(s[j] - L);                           \
         for (int64_t j = 0; j < ke; j++) {                                               \
-          T ds = EXP(s[j] - L) * (dp[j] - Dt);                                           \
+          T ds = s[j] * (dp[j] - Dt);                                                    \
           const T *kr = kb + j * hd;                                                     \
           _Pragma("omp simd")                                                           \
           for (int64_t d = 0; d < hd; d++) gqr[d] += ds * kr[d];                         \
@@ -183,8 +191,10 @@ static rm_tensor *scratch(rm_ctx *ctx, rm_dtype dt, int nth, int64_t per) {
         rowdots_##T(k + r * hd, qT + i0, hd, nq, nq - i0, s + i0);                       \
         rowdots_##T(v + r * hd, gT + i0, hd, nq, nq - i0, dp + i0);                      \
         for (int64_t d = 0; d < hd; d++) gkr[d] = gvr[d] = 0;                            \
+        _Pragma("omp simd")                                                             \
+        for (int64_t i = i0; i < nq; i++) s[i] = EXP(s[i] - Lb[is + i]);                 \
         for (int64_t i = i0; i < nq; i++) {                                              \
-          T p = EXP(s[i] - Lb[is + i]), ds = p * (dp[i] - D[i]);                         \
+          T p = s[i], ds = p * (dp[i] - D[i]);                                           \
           const T *qr = qb + (is + i) * hd, *gr = gyb + (is + i) * hd;                   \
           _Pragma("omp simd")                                                           \
           for (int64_t d = 0; d < hd; d++) {                                             \

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "cpu.h"
+#include "fastmath.h"
 
 #define CHUNKS 64
 
@@ -25,15 +26,32 @@
     for (int c_ = 0; c_ < CHUNKS; c_++) (total) += part_[c_];                            \
   } while (0)
 
-/* log(sum(exp(row))), computed stably (NaN in, NaN out). */
+/* log(sum(exp(row))), computed stably (NaN in, NaN out). The exps run in the data
+ * type (float32: the vectorisable rm_expf; row[j] - max rounds by at most half an ulp
+ * of a difference whose exp is then small next to the sum's 1), the sum in double. */
 #define ROW_LSE(T, row, C, out)                                      \
   do {                                                               \
-    double m_ = -INFINITY, s_ = 0;                                   \
+    T m_ = -INFINITY;                                                \
+    double s_ = 0;                                                   \
     for (int64_t j_ = 0; j_ < (C); j_++)                             \
-      if ((double)(row)[j_] > m_) m_ = (double)(row)[j_];            \
-    for (int64_t j_ = 0; j_ < (C); j_++) s_ += exp((double)(row)[j_] - m_); \
-    (out) = m_ + log(s_);                                            \
+      if ((row)[j_] > m_) m_ = (row)[j_];                            \
+    _Pragma("omp simd reduction(+:s_)")                              \
+    for (int64_t j_ = 0; j_ < (C); j_++) s_ += EXP_##T((row)[j_] - m_); \
+    (out) = (double)m_ + log(s_);                                    \
   } while (0)
+
+static inline double EXP_double(double x) { return exp(x); }
+static inline float EXP_float(float x) { return rm_expf(x); }
+
+/* exp(x - lse) for a float32 x and a double lse: the difference, exact in double, is
+ * passed to rm_expf_hilo as a float plus its rounding error, so the probability keeps
+ * float accuracy however far x is below lse. */
+static inline float exp_diff_float(float x, double lse) {
+  double d = (double)x - lse;
+  float hi = (float)d;
+  return rm_expf_hilo(hi, (float)(d - (double)hi));
+}
+static inline double exp_diff_double(double x, double lse) { return exp(x - lse); }
 
 #define CE_FORWARD(T)                                                                    \
   do {                                                                                   \
@@ -71,8 +89,9 @@ RM_CPU_KERNEL(cross_entropy) {
       double lse;                                                                        \
       ROW_LSE(T, row, classes, lse);                                                     \
       int64_t y = rm_cpu_index_at(lp, r);                                                \
+      _Pragma("omp simd")                                                                \
       for (int64_t j = 0; j < classes; j++)                                              \
-        o[j] = (T)((exp((double)row[j] - lse) - (j == y ? 1.0 : 0.0)) * scale);          \
+        o[j] = (T)(((double)exp_diff_##T(row[j], lse) - (j == y ? 1.0 : 0.0)) * scale);  \
     }                                                                                    \
   } while (0)
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "fastmath.h"
 #include "../../core/ops.h"
 
 #define BLK 64                 /* columns accumulated together (fits in registers/L1) */
@@ -278,6 +279,37 @@ RM_CPU_KERNEL(argmax) {
     }                                                                               \
   }
 
+/* float32 (log_)softmax of one column x[0, n*s) (stride s) into y: the same steps as
+ * SOFTMAX_BODY, with the vectorisable rm_expf; a contiguous column (s == 1, softmax
+ * over the last dim) runs as SIMD loops, y holding the exps until the last pass. */
+static void softmax_col_f32(const float *x, float *y, int64_t n, int64_t s, bool logmode) {
+  float m = -INFINITY;
+  double sum = 0;
+  if (s == 1) {
+    for (int64_t k = 0; k < n; k++) if (x[k] > m) m = x[k];
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < n; k++) y[k] = rm_expf(x[k] - m);
+    _Pragma("omp simd reduction(+:sum)")
+    for (int64_t k = 0; k < n; k++) sum += y[k];
+  } else {
+    for (int64_t k = 0; k < n; k++) if (x[k * s] > m) m = x[k * s];
+    for (int64_t k = 0; k < n; k++) {
+      float e = rm_expf(x[k * s] - m);
+      y[k * s] = e;
+      sum += e;
+    }
+  }
+  if (logmode) {
+    float lse = m + logf((float)sum);
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < n; k++) y[k * s] = x[k * s] - lse;
+  } else {
+    float inv = (float)(1.0 / sum);
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < n; k++) y[k * s] *= inv;
+  }
+}
+
 static int softmax_run(rm_tensor *xt, rm_tensor *yt, int64_t dim, bool logmode) {
   if (xt->dtype == RM_F64) {
     const double *x = rm_tensor_ptr(xt);
@@ -286,7 +318,7 @@ static int softmax_run(rm_tensor *xt, rm_tensor *yt, int64_t dim, bool logmode) 
   } else {
     const float *x = rm_tensor_ptr(xt);
     float *y = rm_tensor_ptr(yt);
-    FOR_COLUMNS(xt, dim, SOFTMAX_BODY(float, expf, logf, logmode));
+    FOR_COLUMNS(xt, dim, softmax_col_f32(x + base, y + base, n, s, logmode));
   }
   return RM_OK;
 }
@@ -309,8 +341,13 @@ RM_CPU_KERNEL(log_softmax) {
     double acc = 0;                                                                 \
     for (int64_t k = 0; k < n; k++) acc += (logmode) ? gp[k * s] : gp[k * s] * yp[k * s]; \
     T sv = (T)acc;                                                                  \
-    for (int64_t k = 0; k < n; k++)                                                 \
-      dp[k * s] = (logmode) ? gp[k * s] - EXP(yp[k * s]) * sv : yp[k * s] * (gp[k * s] - sv); \
+    if (logmode) {                                                                  \
+      _Pragma("omp simd")                                                           \
+      for (int64_t k = 0; k < n; k++) dp[k * s] = gp[k * s] - EXP(yp[k * s]) * sv;  \
+    } else {                                                                        \
+      _Pragma("omp simd")                                                           \
+      for (int64_t k = 0; k < n; k++) dp[k * s] = yp[k * s] * (gp[k * s] - sv);     \
+    }                                                                               \
   }
 
 static int softmax_bw_run(rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, int64_t dim, bool logmode) {
@@ -321,7 +358,7 @@ static int softmax_bw_run(rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, int64_t d
   } else {
     const float *y = rm_tensor_ptr(yt), *g = rm_tensor_ptr(gt);
     float *dx = rm_tensor_ptr(dt);
-    FOR_COLUMNS(yt, dim, SOFTMAX_BW_BODY(float, expf, logmode));
+    FOR_COLUMNS(yt, dim, SOFTMAX_BW_BODY(float, rm_expf, logmode));
   }
   return RM_OK;
 }
