@@ -183,8 +183,8 @@ describe("float32 fast math (kernels/cpu/fastmath.h)", function()
     check_ulps("silu", silu, 3.5, function(x) return x < -87.3 and 0.5 * math.abs(x) or 0 end)
   end)
 
-  it("gelu: <= 8 ulp everywhere (relative 6e-7), the left tail included", function()
-    local worst = check_ulps("gelu", gelu, 8)
+  it("gelu: <= 9 ulp everywhere (relative 6e-7), the left tail included", function()
+    local worst = check_ulps("gelu", gelu, 9)
     -- the tail keeps relative accuracy: x Phi(x) at -10 is 7.6e-23
     local g = C.flat(C.op("gelu", nil, C.from_table({ -10, -13 }, { 2 }, "float32")))
     local xs = C.flat(C.from_table({ -10, -13 }, { 2 }, "float32"))

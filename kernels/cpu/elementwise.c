@@ -265,12 +265,64 @@ static inline void walk_item(const ew_walk *w, int64_t it, int64_t *o, int64_t *
     } else WALK(T, 3, RUN3, EXPR, COST);                                               \
   } while (0)
 
+/* ---- float32 transcendental ops on contiguous data: fastmath.h's functions over
+ * arrays, compiled per ISA (RM_FM_MULTIVERSION), in fixed chunks under OpenMP ---- */
+
+#define FM_CHUNK 8192
+
+#define FM_MAP1(fn)                                                                    \
+  RM_FM_MULTIVERSION(void, map1_##fn, (const float *restrict a, float *restrict o, int64_t n), \
+                     (a, o, n), {                                                      \
+                       _Pragma("omp simd")                                             \
+                       for (int64_t i = 0; i < n; i++) o[i] = fn(a[i]);                \
+                     })
+/* (x, g) -> g f'(x) */
+#define FM_MAP2(fn)                                                                    \
+  RM_FM_MULTIVERSION(void, map2_##fn,                                                  \
+                     (const float *restrict a, const float *restrict g, float *restrict o, int64_t n), \
+                     (a, g, o, n), {                                                   \
+                       _Pragma("omp simd")                                             \
+                       for (int64_t i = 0; i < n; i++) o[i] = g[i] * fn(a[i]);         \
+                     })
+
+FM_MAP1(rm_expf)
+FM_MAP1(rm_tanhf)
+FM_MAP1(rm_sigmoidf)
+FM_MAP1(rm_siluf)
+FM_MAP1(rm_geluf)
+FM_MAP2(rm_gelu_gradf)
+FM_MAP2(rm_silu_gradf)
+
+/* Runs map1 (nin 1) or map2 (nin 2) over the float32 inputs when they are all
+ * contiguous; returns false (nothing done) otherwise, for the generic loops. */
+static bool fm_run(rm_tensor *const *in, int nin, rm_tensor *const *out, int cost,
+                   void (*map1)(const float *restrict, float *restrict, int64_t),
+                   void (*map2)(const float *restrict, const float *restrict, float *restrict, int64_t)) {
+  if (out[0]->dtype != RM_F32) return false;
+  for (int k = 0; k < nin; k++)
+    if (!rm_tensor_is_contiguous(in[k])) return false;
+  const float *a = rm_tensor_ptr(in[0]), *g = nin > 1 ? rm_tensor_ptr(in[1]) : NULL;
+  float *o = rm_tensor_ptr(out[0]);
+  int64_t n = rm_tensor_numel(out[0]), nc = (n + FM_CHUNK - 1) / FM_CHUNK;
+  const int par = n * cost > RM_CPU_PAR_MIN && nc > 1;
+  #pragma omp parallel for if (par)
+  for (int64_t c = 0; c < nc; c++) {
+    int64_t lo = c * FM_CHUNK, len = n - lo < FM_CHUNK ? n - lo : FM_CHUNK;
+    if (map2) map2(a + lo, g + lo, o + lo, len);
+    else map1(a + lo, o + lo, len);
+  }
+  return true;
+}
+
 /* A kernel over LOOPk in float32 or float64. Unary EXPR sees a_ and the scalar s_
  * (attrs f[0], as T); binary sees a_, b_; where sees c_, a_, b_. COST: relative
- * work per element, which lowers the size at which OpenMP pays off. */
-#define DEFINE_EW(name, LOOP, EXPR, COST)                                              \
+ * work per element, which lowers the size at which OpenMP pays off. FAST: an
+ * expression that does the whole op and is true, or false (then the loops run). */
+#define DEFINE_EW(name, LOOP, EXPR, COST) DEFINE_EW_FAST(name, LOOP, EXPR, COST, false)
+#define DEFINE_EW_FAST(name, LOOP, EXPR, COST, FAST)                                   \
   RM_CPU_KERNEL(name) {                                                                \
     (void)ctx; (void)nin; (void)nout;                                                  \
+    if (FAST) return RM_OK;                                                            \
     if (out[0]->dtype == RM_F64) {                                                     \
       const double s_ = a->f[0]; (void)s_;                                             \
       LOOP(double, EXPR, COST);                                                        \
@@ -297,8 +349,8 @@ DEFINE_EW(le, LOOP2, a_ <= b_, 1)
 DEFINE_EW(gt, LOOP2, a_ > b_, 1)
 DEFINE_EW(ge, LOOP2, a_ >= b_, 1)
 /* (x, g) -> g f'(x) */
-DEFINE_EW(gelu_backward, LOOP2, b_ * GELU_GRAD(a_), 16)
-DEFINE_EW(silu_backward, LOOP2, b_ * SILU_GRAD(a_), 8)
+DEFINE_EW_FAST(gelu_backward, LOOP2, b_ * GELU_GRAD(a_), 16, fm_run(in, 2, out, 16, NULL, map2_rm_gelu_gradf))
+DEFINE_EW_FAST(silu_backward, LOOP2, b_ * SILU_GRAD(a_), 8, fm_run(in, 2, out, 8, NULL, map2_rm_silu_gradf))
 /* cond != 0 picks a (a NaN cond counts as true, being != 0) */
 DEFINE_EW(where, LOOP3, c_ != 0 ? a_ : b_, 1)
 
@@ -306,15 +358,15 @@ DEFINE_EW(add_scalar, LOOP1, a_ + s_, 1)
 DEFINE_EW(mul_scalar, LOOP1, a_ * s_, 1)
 DEFINE_EW(rdiv_scalar, LOOP1, s_ / a_, 1)
 DEFINE_EW(neg, LOOP1, -a_, 1)
-DEFINE_EW(exp, LOOP1, EXP(a_), 8)
+DEFINE_EW_FAST(exp, LOOP1, EXP(a_), 8, fm_run(in, 1, out, 8, map1_rm_expf, NULL))
 DEFINE_EW(log, LOOP1, log(a_), 8)
-DEFINE_EW(tanh, LOOP1, TANH(a_), 8)
+DEFINE_EW_FAST(tanh, LOOP1, TANH(a_), 8, fm_run(in, 1, out, 8, map1_rm_tanhf, NULL))
 DEFINE_EW(sqrt, LOOP1, sqrt(a_), 2)
 DEFINE_EW(abs, LOOP1, fabs(a_), 1)
 DEFINE_EW(relu, LOOP1, RELU(a_), 1)
-DEFINE_EW(gelu, LOOP1, GELU(a_), 16)
-DEFINE_EW(silu, LOOP1, SILU(a_), 8)
-DEFINE_EW(sigmoid, LOOP1, SIGMOID(a_), 8)
+DEFINE_EW_FAST(gelu, LOOP1, GELU(a_), 16, fm_run(in, 1, out, 16, map1_rm_geluf, NULL))
+DEFINE_EW_FAST(silu, LOOP1, SILU(a_), 8, fm_run(in, 1, out, 8, map1_rm_siluf, NULL))
+DEFINE_EW_FAST(sigmoid, LOOP1, SIGMOID(a_), 8, fm_run(in, 1, out, 8, map1_rm_sigmoidf, NULL))
 DEFINE_EW(copy, LOOP1, a_, 1)
 
 /* x^s; squaring (the common case) is a multiply, which pow would round the same. */

@@ -1,40 +1,54 @@
 /* Fast float32 transcendental functions for the CPU kernels.
  *
- * Every function is static inline and branch-free (conditions are selects on values,
- * never ifs), so a loop calling one vectorises (SSE4.2 at -march=x86-64-v2, wider when
- * built for more): glibc's scalar expf/erfcf per element made exp, gelu and softmax
- * 30x slower than an add. Only the float32 paths use these; float64 stays on libm.
+ * Every function is static inline (forced) and branch-free (conditions are selects on
+ * values, never ifs), so a loop calling one vectorises: SSE4.2 at the build's
+ * -march=x86-64-v2, AVX2/AVX-512 through RM_FM_MULTIVERSION (end of file). glibc's
+ * scalar expf/erfcf per element made exp, gelu and softmax 30x slower than an add.
+ * Only the float32 paths use these; float64 stays on libm.
  *
- * Accuracy (measured over every float32 input against long double libm; the float32
- * sweep in spec/fastmath_spec.lua checks the same bounds against float64 Lua math):
- *   rm_expf      <= 1.01 ulp (overflow to inf above 88.72, 0 below -103.97, subnormal
- *                results rounded once, NaN propagates)
- *   rm_tanhf     <= 2.5 ulp    rm_sigmoidf  <= 2.5 ulp
- *   rm_geluf     relative error <= 5e-7 where the result is a normal float, in the left
- *                tail too (x Phi(x) down to x = -13, where it becomes subnormal)
- * See the comments of each function for the details. No FMA is assumed (x86-64-v2 has
- * none), so the range reductions are written to be exact with separate multiplies. */
+ * Accuracy, measured against long double libm over every float32 input (exp) or a
+ * dense sample (the others), without FMA (x86-64-v2) and with it (v3, v4); the sweep
+ * in spec/fastmath_spec.lua checks these bounds against float64 Lua math:
+ *   rm_expf       <= 1.08 ulp; inf above 88.72, 0 below -103.97, subnormal results
+ *                 rounded once, NaN propagates
+ *   rm_tanhf      <= 2.5 ulp      rm_sigmoidf  <= 2.5 ulp
+ *   rm_siluf      <= 3.5 ulp where sigmoid(x) is normal (x >= -87.3)
+ *   rm_geluf      <= 9 ulp (7.9 seen), relative error <= 6e-7 where the result is a normal
+ *                 float: the left tail too (x Phi(x) down to x = -13, where it becomes
+ *                 subnormal)
+ *   rm_gelu_gradf, rm_silu_gradf: <= 12 and 6 ulp of the size of the terms they add
+ *                 (they cross 0)
+ * No FMA is assumed (x86-64-v2 has none): the range reductions are exact with separate
+ * multiplies, and stay so when the compiler contracts them into FMAs. */
 #ifndef REMAT_KERNELS_CPU_FASTMATH_H
 #define REMAT_KERNELS_CPU_FASTMATH_H
 
 #include <math.h>
 #include <stdint.h>
 
+/* Forced inline: a call in a loop stops it from vectorising, and GCC's size limits
+ * decline to inline gelu's body into a second loop of the same file. */
+#if defined(__GNUC__)
+#define RM_FM_INLINE static inline __attribute__((always_inline))
+#else
+#define RM_FM_INLINE static inline
+#endif
+
 /* Bit casts through a union (well defined in C11, and vectorised by GCC and Clang). */
-static inline uint32_t rm_fm_bits_(float x) { union { float f; uint32_t u; } v = { .f = x }; return v.u; }
-static inline float rm_fm_float_(uint32_t u) { union { uint32_t u; float f; } v = { .u = u }; return v.f; }
+RM_FM_INLINE uint32_t rm_fm_bits_(float x) { union { float f; uint32_t u; } v = { .f = x }; return v.u; }
+RM_FM_INLINE float rm_fm_float_(uint32_t u) { union { uint32_t u; float f; } v = { .u = u }; return v.f; }
 
 /* c ? a : b as bit masks. GCC compiles float selects on constants into branches
  * (partial redundancy elimination copies the constant-folded work into each arm, which
  * with -ftrapping-math cannot be if-converted back), and a branch stops a loop from
  * vectorising; masks are plain integer arithmetic, vectorised as and/andnot/or. */
-static inline float rm_fm_sel_(int c, float a, float b) {
+RM_FM_INLINE float rm_fm_sel_(int c, float a, float b) {
   uint32_t m = (uint32_t)0 - (uint32_t)(c != 0);
   return rm_fm_float_((rm_fm_bits_(a) & m) | (rm_fm_bits_(b) & ~m));
 }
 
 /* 2^n for n in [-126, 127], built in the exponent field. */
-static inline float rm_fm_pow2_(int32_t n) { return rm_fm_float_((uint32_t)(n + 127) << 23); }
+RM_FM_INLINE float rm_fm_pow2_(int32_t n) { return rm_fm_float_((uint32_t)(n + 127) << 23); }
 
 /* Cody-Waite split of ln 2: C1 = 0.693359375 has 9 significant bits, so k * C1 is exact
  * for |k| < 2^15 without an FMA; C2 = (float)(ln 2 - C1), leaving 1.6e-12 * k. */
@@ -48,13 +62,13 @@ static inline float rm_fm_pow2_(int32_t n) { return rm_fm_float_((uint32_t)(n + 
 /* expm1(r) for |r| <= ln2/2: r + r^2 P(r). P interpolates (e^r - 1 - r) / r^2 at the 5
  * Chebyshev nodes of [-ln2/2, ln2/2] (solved in long double, rounded to float); the
  * polynomial's relative error for e^r is 9.7e-9 (0.08 ulp) there. */
-static inline float rm_fm_expm1_reduced_(float r) {
-  float p = 0x1.6d10fcp-10f;
-  p = p * r + 0x1.120b62p-7f;
-  p = p * r + 0x1.55551ap-5f;
-  p = p * r + 0x1.5554dep-3f;
-  p = p * r + 0.5f;
-  return r + (r * r) * p;
+RM_FM_INLINE float rm_fm_expm1_reduced_(float r) {
+  /* Estrin's scheme rather than Horner's: these loops are bound by the latency of
+   * one element's chain of operations (the out-of-order window holds only a few
+   * iterations), and Estrin halves the polynomial's depth */
+  float r2 = r * r;
+  float p = (0.5f + 0x1.5554dep-3f * r) + r2 * ((0x1.55551ap-5f + 0x1.120b62p-7f * r) + r2 * 0x1.6d10fcp-10f);
+  return r + r2 * p;
 }
 
 /* exp(hi + lo) for a finite hi (or NaN) and a small correction lo (|lo| << 1, or 0):
@@ -64,8 +78,8 @@ static inline float rm_fm_expm1_reduced_(float r) {
  * 2^n is applied as two factors 2^(n/2) 2^(n - n/2), so subnormal results are rounded
  * once and 2^128 times a mantissa >= 1 overflows to inf as it should. Sums outside
  * [-104, 89] are clamped into it by moving hi, where the result already is 0 or inf;
- * NaN propagates through the arithmetic. Error <= 1.01 ulp. */
-static inline float rm_expf_hilo(float hi, float lo) {
+ * NaN propagates through the arithmetic. Error <= 1.08 ulp. */
+RM_FM_INLINE float rm_expf_hilo(float hi, float lo) {
   float x = hi + lo;
   float xc = rm_fm_sel_(x < -104.0f, -104.0f, x);
   xc = rm_fm_sel_(xc > 89.0f, 89.0f, xc);
@@ -79,12 +93,19 @@ static inline float rm_expf_hilo(float hi, float lo) {
   return p * rm_fm_pow2_(n1) * rm_fm_pow2_(n - n1);
 }
 
-/* exp(x) for float: <= 1.01 ulp, inf above 88.7228, 0 below -103.97 (+-inf included:
- * x is clamped to [-104, 89], where those are the results), NaN -> NaN. */
-static inline float rm_expf(float x) {
+/* exp(x) for float: <= 1.08 ulp, inf above 88.7228, 0 below -103.97 (+-inf included:
+ * x is clamped to [-104, 89], where those are the results), NaN -> NaN. The steps of
+ * rm_expf_hilo without the correction term and its second clamp. */
+RM_FM_INLINE float rm_expf(float x) {
   float xc = rm_fm_sel_(x < -104.0f, -104.0f, x);
   xc = rm_fm_sel_(xc > 89.0f, 89.0f, xc);
-  return rm_expf_hilo(xc, 0.0f);
+  float sh = xc * RM_FM_LOG2E + RM_FM_SHIFTER;
+  int32_t n = (int32_t)(rm_fm_bits_(sh) - rm_fm_bits_(RM_FM_SHIFTER));
+  float k = sh - RM_FM_SHIFTER;
+  float r = (xc - k * RM_FM_LN2_HI) - k * RM_FM_LN2_LO;
+  float p = 1.0f + rm_fm_expm1_reduced_(r);
+  int32_t n1 = n / 2;
+  return p * rm_fm_pow2_(n1) * rm_fm_pow2_(n - n1);
 }
 
 /* tanh(|x|) from one range reduction of y = -2|x| (clamped to -30, where tanh is 1):
@@ -92,7 +113,7 @@ static inline float rm_expf(float x) {
  * near 0: u ~ -2|x| is accurate) and 1 - 2e / (1 + e) above it (the result is >= 0.5,
  * so subtracting from 1 costs at most half an ulp). x's sign is copied: tanh(+-0) =
  * +-0, tanh(+-inf) = +-1, NaN -> NaN. <= 2.5 ulp (<= 1.6 ulp above 0.55). */
-static inline float rm_tanhf(float x) {
+RM_FM_INLINE float rm_tanhf(float x) {
   float a = fabsf(x);
   float y = -2.0f * a;
   y = rm_fm_sel_(y < -30.0f, -30.0f, y);
@@ -111,20 +132,22 @@ static inline float rm_tanhf(float x) {
 /* sigmoid(x) = 1 / (1 + e^-x), computed from e = exp(-|x|) <= 1 (never overflows):
  * 1/(1+e) for x >= 0, e/(1+e) for x < 0 (full relative accuracy as it goes to 0).
  * sigmoid(-inf) = 0, sigmoid(inf) = 1. <= 2.5 ulp. */
-static inline float rm_sigmoidf(float x) {
+RM_FM_INLINE float rm_sigmoidf(float x) {
   float e = rm_expf(-fabsf(x));
   return rm_fm_sel_(x < 0, e, 1.0f) / (1.0f + e);
 }
 
-/* silu(x) = x sigmoid(x); silu(inf) = inf, silu(-inf) = 0 (the limits). <= 3 ulp. */
-static inline float rm_siluf(float x) {
+/* silu(x) = x sigmoid(x); silu(inf) = inf, silu(-inf) = 0 (the limits). <= 3.5 ulp for
+ * x >= -87.3; below, sigmoid(x) is subnormal and x times it carries up to |x|/2 of the
+ * result's 2^-149 ulps. */
+RM_FM_INLINE float rm_siluf(float x) {
   float y = x * rm_sigmoidf(x);
   return rm_fm_sel_(x == -INFINITY, 0.0f, y);
 }
 
 /* silu'(x) = s (1 + x (1 - s)), s = sigmoid(x), with 1 - s = sigmoid(-x) computed as
  * directly as s (no cancellation for large x): +inf -> 1, -inf -> 0. */
-static inline float rm_silu_gradf(float x) {
+RM_FM_INLINE float rm_silu_gradf(float x) {
   float e = rm_expf(-fabsf(x));
   float inv = 1.0f / (1.0f + e);
   float s = rm_fm_sel_(x < 0, e * inv, inv);
@@ -147,7 +170,7 @@ static inline float rm_silu_gradf(float x) {
 
 /* For a = min(|x|, 20): sets *t = 1 / (1 + a / (2 sqrt 2)) and *hi, *lo to the exact
  * -a^2/2 as a sum. */
-static inline void rm_fm_gauss_arg_(float x, float *t, float *hi, float *lo) {
+RM_FM_INLINE void rm_fm_gauss_arg_(float x, float *t, float *hi, float *lo) {
   float a = fabsf(x);
   a = rm_fm_sel_(a > 20.0f, 20.0f, a);
   *t = 1.0f / (1.0f + (0.5f * 0x1.6a09e6p-1f) * a);
@@ -157,24 +180,20 @@ static inline void rm_fm_gauss_arg_(float x, float *t, float *hi, float *lo) {
   *lo = -0.5f * (al * (ah + a));
 }
 
-/* The Numerical Recipes erfcc polynomial in t (see above). */
-static inline float rm_fm_erfc_poly_(float t) {
-  float p = 0.17087277f;
-  p = p * t - 0.82215223f;
-  p = p * t + 1.48851587f;
-  p = p * t - 1.13520398f;
-  p = p * t + 0.27886807f;
-  p = p * t - 0.18628806f;
-  p = p * t + 0.09678418f;
-  p = p * t + 0.37409196f;
-  p = p * t + 1.00002368f;
-  return p * t - 1.26551223f;
+/* The Numerical Recipes erfcc polynomial in t (see above), by Estrin's scheme (see
+ * rm_fm_expm1_reduced_). */
+RM_FM_INLINE float rm_fm_erfc_poly_(float t) {
+  float t2 = t * t, t4 = t2 * t2, t8 = t4 * t4;
+  float p01 = -1.26551223f + 1.00002368f * t, p23 = 0.37409196f + 0.09678418f * t;
+  float p45 = -0.18628806f + 0.27886807f * t, p67 = -1.13520398f + 1.48851587f * t;
+  float p89 = -0.82215223f + 0.17087277f * t;
+  return ((p01 + t2 * p23) + t4 * (p45 + t2 * p67)) + t8 * p89;
 }
 
 /* gelu(x) = x Phi(x). With q = x Phi(-|x|) (the tail, computed as (x t / 2) e^(..) so
  * the only rounding after the exp is one multiply), gelu = q for x < 0 and x - q for
  * x >= 0. gelu(inf) = inf, gelu(-inf) = 0 (the limits), NaN -> NaN. */
-static inline float rm_geluf(float x) {
+RM_FM_INLINE float rm_geluf(float x) {
   float t, hi, lo;
   rm_fm_gauss_arg_(x, &t, &hi, &lo);
   float q = (0.5f * x * t) * rm_expf_hilo(hi, lo + rm_fm_erfc_poly_(t));
@@ -185,7 +204,7 @@ static inline float rm_geluf(float x) {
 
 /* gelu'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi): both exps from the
  * split exponent. gelu'(inf) = 1, gelu'(-inf) = 0, NaN -> NaN. */
-static inline float rm_gelu_gradf(float x) {
+RM_FM_INLINE float rm_gelu_gradf(float x) {
   float t, hi, lo;
   rm_fm_gauss_arg_(x, &t, &hi, &lo);
   float tail = (0.5f * t) * rm_expf_hilo(hi, lo + rm_fm_erfc_poly_(t)); /* Phi(-|x|) */
@@ -194,5 +213,28 @@ static inline float rm_gelu_gradf(float x) {
   y = rm_fm_sel_(x == INFINITY, 1.0f, y);
   return rm_fm_sel_(x == -INFINITY, 0.0f, y);
 }
+
+/* ---- runtime ISA dispatch for float32 array loops ----
+ *
+ * The build targets x86-64-v2 (SSE4.2: 4 floats a vector). RM_FM_MULTIVERSION(ret,
+ * name, params, args, body) defines `name` as a function whose body is compiled three
+ * times, for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA) and the build's own target,
+ * and runs the best one the CPU has (cpuid, read once by libgcc): 2-4x on the loops
+ * above, while the binary still runs on any x86-64-v2 machine. FMA contraction in the
+ * wider versions changes roundings (not the bounds above: they were measured for all
+ * three). Elsewhere (other compilers or CPUs) it is the plain function. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define RM_FM_MULTIVERSION(ret, name, params, args, body)                               \
+  __attribute__((target("arch=x86-64-v4"))) static ret name##_v4 params body           \
+  __attribute__((target("arch=x86-64-v3"))) static ret name##_v3 params body           \
+  static ret name##_base params body                                                   \
+  static ret name params {                                                             \
+    if (__builtin_cpu_supports("x86-64-v4")) return name##_v4 args;                    \
+    if (__builtin_cpu_supports("x86-64-v3")) return name##_v3 args;                    \
+    return name##_base args;                                                           \
+  }
+#else
+#define RM_FM_MULTIVERSION(ret, name, params, args, body) static ret name params body
+#endif
 
 #endif

@@ -281,12 +281,17 @@ RM_CPU_KERNEL(argmax) {
 
 /* float32 (log_)softmax of one column x[0, n*s) (stride s) into y: the same steps as
  * SOFTMAX_BODY, with the vectorisable rm_expf; a contiguous column (s == 1, softmax
- * over the last dim) runs as SIMD loops, y holding the exps until the last pass. */
-static void softmax_col_f32(const float *x, float *y, int64_t n, int64_t s, bool logmode) {
+ * over the last dim) runs as SIMD loops, y holding the exps until the last pass.
+ * Compiled per ISA (RM_FM_MULTIVERSION: AVX2/AVX-512 where the CPU has them). */
+RM_FM_MULTIVERSION(void, softmax_col_f32,
+                   (const float *restrict x, float *restrict y, int64_t n, int64_t s, bool logmode),
+                   (x, y, n, s, logmode), {
   float m = -INFINITY;
   double sum = 0;
   if (s == 1) {
-    for (int64_t k = 0; k < n; k++) if (x[k] > m) m = x[k];
+    /* a NaN may or may not win the max in SIMD lanes: the row is NaN either way */
+    _Pragma("omp simd reduction(max:m)")
+    for (int64_t k = 0; k < n; k++) m = x[k] > m ? x[k] : m;
     _Pragma("omp simd")
     for (int64_t k = 0; k < n; k++) y[k] = rm_expf(x[k] - m);
     _Pragma("omp simd reduction(+:sum)")
@@ -308,7 +313,7 @@ static void softmax_col_f32(const float *x, float *y, int64_t n, int64_t s, bool
     _Pragma("omp simd")
     for (int64_t k = 0; k < n; k++) y[k * s] *= inv;
   }
-}
+})
 
 static int softmax_run(rm_tensor *xt, rm_tensor *yt, int64_t dim, bool logmode) {
   if (xt->dtype == RM_F64) {
