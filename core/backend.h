@@ -30,6 +30,10 @@ typedef struct rm_backend {
   size_t (*empty_cache)(rm_ctx *ctx);
   int (*device_info)(rm_ctx *ctx, char *name, size_t n, size_t *total, size_t *free_bytes);
   bool supports_dtype[RM_DTYPE_COUNT];
+  /* Machine balance: FLOPs the device does in the time it moves one byte. The cost of
+   * replaying an op is FLOPs + bytes moved x this (a roofline estimate): memory-bound
+   * ops (softmax, gelu, dropout) cost what their bytes cost, not their few FLOPs. */
+  double flops_per_byte;
   rm_kernel_fn kernel[RM_OP_COUNT];
 } rm_backend;
 

@@ -34,6 +34,7 @@ void rm_measure_on_op(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   const rm_op_def *def = rm_op_def_get(op);
   for (int j = 0; j < def->nout && j < 8; j++) rm_tensor_meta(out[j], &meta[j]);
   m->layers[ctx->alloc_tag].flops += rm_op_flops(op, nin, in, a, meta);
+  m->layers[ctx->alloc_tag].cost += rm_op_cost(ctx, op, nin, in, a, meta);
 }
 
 void rm_measure_close(rm_ctx *ctx, rm_measure *m) {

@@ -341,6 +341,18 @@ double rm_op_flops(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a
   return (double)rm_meta_numel(&out[0]);
 }
 
+double rm_op_cost(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+                  const rm_meta *out) {
+  const rm_op_def *def = rm_op_def_get(op);
+  if (!def || (def->flags & RM_OPF_VIEW)) return 0;
+  double bytes = 0;
+  for (int i = 0; i < nin; i++) bytes += (double)rm_tensor_nbytes(in[i]);
+  for (int j = 0; j < def->nout; j++) bytes += (double)rm_meta_numel(&out[j]) * (double)rm_dtype_size(out[j].dtype);
+  rm_device dev = nin > 0 ? in[0]->device : out[0].device;
+  const rm_backend *b = ctx->backend[dev];
+  return rm_op_flops(op, nin, in, a, out) + bytes * (b ? b->flops_per_byte : 0);
+}
+
 /* ---- nodes ---- */
 
 void rm_node_retain(rm_node *n) { n->refcount++; }
@@ -419,8 +431,10 @@ int rm_node_recompute(rm_ctx *ctx, rm_node *n) {
     for (int j = 0; j < def->nout && j < 8; j++) rm_tensor_meta(outs[j], &meta[j]);
     double f = rm_op_flops(n->op, n->nin, n->in, &n->attrs, meta);
     ctx->recompute_flops += f;
-    if (ctx->measure && n->tag >= 0 && n->tag < ctx->measure->n)
+    if (ctx->measure && n->tag >= 0 && n->tag < ctx->measure->n) {
       ctx->measure->layers[n->tag].recompute_flops += f;
+      ctx->measure->layers[n->tag].recompute_cost += rm_op_cost(ctx, n->op, n->nin, n->in, &n->attrs, meta);
+    }
   }
   for (int j = 0; j < def->nout; j++) {
     rm_tensor *t = n->out[j];

@@ -102,6 +102,11 @@ rm_tensor *rm_op1(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const
 double rm_op_flops(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
                    const rm_meta *out);
 
+/* Replay cost of op (the checkpoint planner's currency): FLOPs + bytes read and
+ * written x the device's flops_per_byte (0 when the backend is not loaded). */
+double rm_op_cost(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+                  const rm_meta *out);
+
 /* For backward rules: input i / output j of n with its data ready (rematerialised if
  * it was evicted). Borrowed reference; NULL with an error set on failure. */
 rm_tensor *rm_node_input(rm_ctx *ctx, rm_node *n, int i);

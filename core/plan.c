@@ -153,7 +153,10 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   rm_tensor_drop(ctx, y);
   sim->peak = ms->peak[RM_CAT_ACTIVATION];
   sim->recompute_flops = ctx->recompute_flops;
-  for (int i = 0; i < n; i++) sim->flops += m.layers[i].flops;
+  for (int i = 0; i < n; i++) {
+    sim->flops += m.layers[i].flops;
+    sim->recompute_cost += m.layers[i].recompute_cost;
+  }
 
   ctx->measure = NULL;
   ctx->alloc_tag = -1;

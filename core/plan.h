@@ -36,6 +36,8 @@ int rm_plan_install(rm_ctx *ctx, rm_module *seq, rm_plan *p);
 typedef struct rm_layer_stats {
   double flops;           /* forward FLOPs of the layer */
   double recompute_flops; /* FLOPs replayed for this layer during backward */
+  double cost;            /* forward replay cost (FLOPs + bytes x balance, rm_op_cost) */
+  double recompute_cost;  /* the same for what was replayed during backward */
   size_t saved;           /* activation bytes allocated by the layer, live after forward */
   size_t in_bytes;        /* size of the layer's input */
   size_t out_bytes;       /* size of the layer's output */
@@ -49,6 +51,7 @@ typedef struct rm_sim {
   size_t base;            /* live activation bytes before the forward */
   double flops;           /* forward FLOPs */
   double recompute_flops; /* FLOPs replayed during backward */
+  double recompute_cost;  /* their replay cost (rm_op_cost) */
   rm_layer_stats *layers; /* n entries when asked for, else NULL */
   int n;
 } rm_sim;
@@ -66,12 +69,13 @@ void rm_sim_free(rm_ctx *ctx, rm_sim *sim);
 
 /* ---- the budget dynamic program over an abstract chain ---- */
 
-/* One layer of a chain, as the DP sees it (bytes and FLOPs). */
+/* One layer of a chain, as the DP sees it: bytes, and replay costs in any additive unit
+ * (remat uses rm_op_cost: FLOPs + bytes moved x the device's balance). */
 typedef struct rm_chain_layer {
   double keep_saved, keep_fwd, keep_bwd;  /* keep: kept bytes, forward/backward peaks */
-  double sel_saved, sel_bwd, sel_flops;   /* selective: kept bytes, bwd peak, extra FLOPs (<0: n/a) */
+  double sel_saved, sel_bwd, sel_flops;   /* selective: kept bytes, bwd peak, replay cost (<0: n/a) */
   double in_bytes;                        /* the layer input (kept by a boundary) */
-  double flops;                           /* forward FLOPs (replayed under boundary/recompute) */
+  double flops;                           /* forward replay cost (under boundary/recompute) */
 } rm_chain_layer;
 
 /* Peak memory and recompute cost of actions[] on the chain (the DP's cost model). */

@@ -155,6 +155,7 @@ static int l_plan_simulate(lua_State *L) {
   set_int(L, "base", sim.base);
   set_num(L, "flops", sim.flops);
   set_num(L, "recompute_flops", sim.recompute_flops);
+  set_num(L, "recompute_cost", sim.recompute_cost);
   if (sim.layers) {
     lua_createtable(L, sim.n, 0);
     for (int i = 0; i < sim.n; i++) {
@@ -162,6 +163,8 @@ static int l_plan_simulate(lua_State *L) {
       lua_newtable(L);
       set_num(L, "flops", s->flops);
       set_num(L, "recompute_flops", s->recompute_flops);
+      set_num(L, "cost", s->cost);
+      set_num(L, "recompute_cost", s->recompute_cost);
       set_int(L, "saved", s->saved);
       set_int(L, "in_bytes", s->in_bytes);
       set_int(L, "out_bytes", s->out_bytes);

@@ -106,6 +106,8 @@ local function plan_of(actions, ops)
 end
 
 -- The plan with the least recompute whose activation peak is <= b (bytes or "2GiB").
+-- Recompute is priced as a roofline: FLOPs + bytes moved x the device's FLOPs per byte,
+-- so memory-bound ops (softmax, gelu, dropout) are not taken for free.
 function policy.budget(b)
   local bytes = parse_budget(b)
   return new(("budget(%s)"):format(remat.memory.format(bytes)), {
@@ -124,8 +126,8 @@ function policy.budget(b)
         chain[i] = {
           keep_saved = k.saved, keep_fwd = k.fwd_peak, keep_bwd = k.bwd_peak + k.out_bytes,
           sel_saved = s.saved, sel_bwd = s.bwd_peak + k.out_bytes,
-          sel_flops = s.saved < k.saved and s.recompute_flops or -1,
-          in_bytes = k.in_bytes, flops = k.flops,
+          sel_flops = s.saved < k.saved and s.recompute_cost or -1,
+          in_bytes = k.in_bytes, flops = k.cost,
         }
       end
       -- The DP's model is additive; the simulation is the truth. Tighten the DP's
@@ -145,8 +147,8 @@ function policy.budget(b)
       local function try(plan)
         local sim = ctx.simulate(plan)
         smallest = math.min(smallest, sim.peak)
-        if sim.peak <= bytes and sim.recompute_flops < best_flops then
-          best, best_flops = plan, sim.recompute_flops
+        if sim.peak <= bytes and sim.recompute_cost < best_flops then
+          best, best_flops = plan, sim.recompute_cost
         end
       end
       local hi = keep.peak - keep.base
