@@ -16,6 +16,7 @@
 #define CACHE_MIN ((size_t)64 << 10)
 #define CACHE_FLOOR ((size_t)256 << 20)
 #define NCLASS (64 * 8)
+#define CLASS_MIN (16 * 8)   /* the class of CACHE_MIN (2^16): no block is smaller */
 
 typedef struct block { struct block *next; } block;
 
@@ -72,7 +73,7 @@ size_t rm_cpu_empty_cache(rm_ctx *ctx) {
   cpu_state *s = state(ctx);
   size_t released = 0;
   if (!s) return 0;
-  for (int c = 0; c < NCLASS; c++) {
+  for (int c = CLASS_MIN; c < NCLASS; c++) {
     size_t size = class_size(c);
     while (s->free[c]) {
       block *b = s->free[c];
@@ -136,7 +137,7 @@ void rm_cpu_free(rm_ctx *ctx, void *p, size_t n) {
   }
   /* make room by giving back cached blocks of other sizes, largest first: the sizes a
    * program uses now are the ones worth keeping */
-  for (int k = NCLASS - 1; k >= 0 && s->cached + size > cap; k--) {
+  for (int k = NCLASS - 1; k >= CLASS_MIN && s->cached + size > cap; k--) {
     size_t ksize = class_size(k);
     while (s->free[k] && s->cached + size > cap) {
       block *b = s->free[k];
