@@ -178,3 +178,41 @@ describe("memory helpers", function()
     assert.is_nil(memory.parse("two"))
   end)
 end)
+
+describe("the CPU block cache", function()
+  local remat = require "remat"
+
+  it("reuses freed blocks, reports them as reserved, and gives them back on empty_cache", function()
+    collectgarbage()
+    collectgarbage()
+    remat.memory.empty_cache()
+    local base = remat.memory.stats()
+    assert.equal(base.live, base.reserved)
+    local t = remat.zeros(1 << 20)          -- 4 MiB: cached when freed
+    t:free()
+    local s = remat.memory.stats()
+    assert.equal(base.live, s.live)
+    assert.equal(base.reserved + 4 * (1 << 20), s.reserved)
+    local u = remat.zeros(1 << 20)          -- the same block again: nothing new reserved
+    assert.equal(s.reserved, remat.memory.stats().reserved)
+    u:free()
+    local small = remat.zeros(100)          -- small blocks are never cached
+    small:free()
+    assert.equal(s.reserved, remat.memory.stats().reserved)
+    assert.equal(4 * (1 << 20), remat.memory.empty_cache())
+    assert.equal(base.reserved, remat.memory.stats().reserved)
+  end)
+
+  it("serves sizes within 12.5% of a cached block from it", function()
+    remat.memory.empty_cache()
+    local r0 = remat.memory.stats().reserved
+    local a = remat.zeros(1000000)          -- 4,000,000 bytes: class of 4,194,304
+    a:free()
+    local r1 = remat.memory.stats().reserved
+    assert.equal(r0 + 4194304, r1)
+    local b = remat.zeros(1040000)          -- 4,160,000 bytes: the same class
+    assert.equal(r1, remat.memory.stats().reserved)
+    b:free()
+    remat.memory.empty_cache()
+  end)
+end)
