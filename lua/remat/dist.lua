@@ -37,9 +37,8 @@ local dist = {}
 remat.dist = dist
 
 local fail = remat._fail
-local tensor_mt = C.Tensor_mt
 
-local function is_tensor(v) return getmetatable(v) == tensor_mt end
+local is_tensor = remat.is_tensor
 local function numel(t) local n = 1 for _, d in ipairs((C.info(t))) do n = n * d end return n end
 
 local S = { inited = false, rank = 1, size = 1, local_rank = 1, backend = "none" }

@@ -9,10 +9,9 @@ remat.nn = nn
 local Module = C.Module
 nn.Module = Module
 local module_mt = C.Module_mt
-local tensor_mt = C.Tensor_mt
 
 local function is_module(v) return getmetatable(v) == module_mt end
-local function is_tensor(v) return getmetatable(v) == tensor_mt end
+local is_tensor = remat.is_tensor
 nn.is_module = is_module
 
 -- Built-in layers: nn.Linear(in, out [, bias]), nn.Embedding(n, d),

@@ -12,13 +12,12 @@ local C = remat._C
 local optim = {}
 remat.optim = optim
 
-local tensor_mt = C.Tensor_mt
 local DIM_ALL = math.mininteger
 
 -- Raises msg located at the first caller outside remat's own Lua code.
-local function fail(msg) return remat._fail(msg) end
+local fail = remat._fail
 
-local function is_tensor(v) return getmetatable(v) == tensor_mt end
+local is_tensor = remat.is_tensor
 
 local function describe(v)
   if is_tensor(v) then return "a tensor" end

@@ -17,10 +17,9 @@ local train = {}
 remat.train = train
 
 local now = C.now
-local tensor_mt = C.Tensor_mt
 
-local function fail(msg) return remat._fail(msg) end
-local function is_tensor(v) return getmetatable(v) == tensor_mt end
+local fail = remat._fail
+local is_tensor = remat.is_tensor
 
 local function callable(v)
   if type(v) == "function" then return true end
