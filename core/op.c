@@ -113,6 +113,16 @@ static int default_infer(rm_ctx *ctx, const rm_op_def *def, int nin, rm_tensor *
 
 /* ---- execution ---- */
 
+/* A view of t broadcast to shape (stride 0 along new and size-1 dims): how kernels of
+ * RM_OPF_BROADCAST ops see their inputs. */
+static rm_tensor *broadcast_view(rm_ctx *ctx, rm_tensor *t, int ndim, const int64_t *shape) {
+  int64_t st[RM_MAX_DIM];
+  int off = ndim - t->ndim;
+  for (int d = 0; d < ndim; d++)
+    st[d] = d < off || t->shape[d - off] == 1 ? 0 : t->stride[d - off];
+  return rm_tensor_view_of(ctx, t, ndim, shape, st, t->offset);
+}
+
 /* Runs def's kernel (or view) on in[], producing all nout outputs in outs[] (new refs).
  * Does not record. attrs are used as given (random ops: seed/offset already set). */
 static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
@@ -151,11 +161,7 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   for (int i = 0; i < nargs; i++) {
     rm_tensor *t = in[i];
     if (def->flags & RM_OPF_BROADCAST) {
-      int64_t st[RM_MAX_DIM];
-      int n = meta[0].ndim, off = n - t->ndim;
-      for (int d = 0; d < n; d++)
-        st[d] = d < off || t->shape[d - off] == 1 ? 0 : t->stride[d - off];
-      t = rm_tensor_view_of(ctx, t, n, meta[0].shape, st, t->offset);
+      t = broadcast_view(ctx, t, meta[0].ndim, meta[0].shape);
     } else if (!(def->flags & RM_OPF_STRIDED) && !rm_tensor_is_contiguous(t)) {
       rm_category saved = ctx->category;
       ctx->category = RM_CAT_WORKSPACE;
@@ -179,6 +185,7 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   }
   ctx->phantom_ok = false;
   if (rc == RM_OK && !ctx->dry) {
+    rm_clear_error(ctx);
     rc = k(ctx, nargs, args, nout, outs, a);
     if (rc && !ctx->err[0]) rm_fail(ctx, rc, "%s failed on %s", def->name, b->name);
   }
@@ -317,11 +324,7 @@ int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm
   for (int i = 0; i < nin; i++) {
     rm_tensor *t = in[i];
     if (def->flags & RM_OPF_BROADCAST) {
-      int64_t st[RM_MAX_DIM];
-      int n = out[0]->ndim, off = n - t->ndim;
-      for (int d = 0; d < n; d++)
-        st[d] = d < off || t->shape[d - off] == 1 ? 0 : t->stride[d - off];
-      t = rm_tensor_view_of(ctx, t, n, out[0]->shape, st, t->offset);
+      t = broadcast_view(ctx, t, out[0]->ndim, out[0]->shape);
     } else {
       rm_tensor_hold(t);
     }
