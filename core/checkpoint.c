@@ -36,7 +36,6 @@ void rm_ckpt_on_record(rm_ctx *ctx, rm_node *n) {
 }
 
 void rm_ckpt_layer_begin(rm_ctx *ctx, rm_ckpt *st, int layer, rm_tensor *x) {
-  st->layer = layer;
   st->layer_seq = ctx->node_seq;
   st->pin = NULL;
   if (st->plan && ctx->grad_enabled && st->plan->action[layer] == RM_BOUNDARY) {

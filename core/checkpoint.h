@@ -13,7 +13,6 @@
 typedef struct rm_ckpt {
   struct rm_ckpt *parent;
   const rm_plan *plan;         /* NULL: keep everything (measurement only) */
-  int layer;                   /* current layer */
   uint64_t layer_seq;          /* nodes recorded in the current layer have seq > layer_seq */
   bool defer_evict;            /* evict the current layer's input once it has been used */
   rm_node **nodes;             /* nodes recorded during the current layer */
