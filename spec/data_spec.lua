@@ -9,19 +9,8 @@ local have_fmnist = io.open(FMNIST .. "/train-images-idx3-ubyte.gz", "rb") ~= ni
 
 local function shape(t) return (C.info(t)) end
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p '" .. d .. "'"))
-  return d
-end
-
-local function write(path, s)
-  os.remove(path)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local files = require "support.files"
+local tmpdir, write = files.tmpdir, files.write
 
 local function expect_error(fn, ...)
   local ok, err = pcall(fn)

@@ -14,12 +14,7 @@ local function exists(path)
   return false
 end
 
-local function read_file(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = require("support.files").read
 
 -- Builds the examples once (a no-op when they are up to date).
 local built, build_log

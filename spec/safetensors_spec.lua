@@ -3,12 +3,8 @@
 local remat = require "remat"
 local C = remat._C
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p '" .. d .. "'"))
-  return d
-end
+local files = require "support.files"
+local tmpdir, read, write = files.tmpdir, files.read, files.write
 
 local function rmdir(d) os.execute("rm -rf '" .. d .. "'") end
 
@@ -19,21 +15,6 @@ local function ls(d)
   p:close()
   table.sort(names)
   return names
-end
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
--- Removes first: on ext4, truncating a file that has data forces a flush (slow).
-local function write(path, s)
-  os.remove(path)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
 end
 
 local function shape(t) return (C.info(t)) end
