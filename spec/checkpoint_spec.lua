@@ -337,6 +337,34 @@ describe("checkpoint policies reject bad input", function()
     assert.matches("unknown op 'nope'", err)
   end)
 
+  it("is validated at checkpoint(), located at the caller's line", function()
+    local m = nn.Sequential { nn.Linear(3, 3), nn.ReLU() }
+    local ok, err = pcall(function() m:checkpoint(policy.every) end)
+    assert.is_false(ok)
+    assert.matches("checkpoint_spec.lua:%d+: checkpoint: policy.every is a constructor", err)
+    ok, err = pcall(function() m:checkpoint("every(2)") end)
+    assert.is_false(ok)
+    assert.matches("checkpoint_spec.lua:%d+: checkpoint: expected a policy", err)
+    assert.is_nil(m:checkpoint_policy())
+  end)
+
+  it("a policy that fails at the first forward names the caller's line and is uninstalled", function()
+    local m = nn.Sequential { nn.Linear(3, 3), nn.ReLU() }
+    m:checkpoint(policy.every(1))
+    m:checkpoint(function() return "sometimes" end)
+    local ok, err = pcall(function() return m(remat.randn(2, 3)) end)
+    assert.is_false(ok)
+    assert.matches("checkpoint_spec.lua:%d+: checkpoint: remat.policy.custom failed and was uninstalled", err)
+    assert.is_nil(m:checkpoint_policy())
+    local y = m(remat.randn(2, 3)) -- keeps everything now: no second failure
+    assert.are.same({ 2, 3 }, y:shape())
+    m:checkpoint(policy.budget(1))
+    ok, err = pcall(function() return m(remat.randn(2, 3)) end)
+    assert.is_false(ok)
+    assert.matches("checkpoint_spec.lua:%d+: .*no plan keeps activations within 1 B", err)
+    assert.is_nil(m:checkpoint_policy())
+  end)
+
   it("a budget string that does not parse", function()
     assert.has_error(function() policy.budget("12 parsecs") end,
       "policy.budget: cannot read '12 parsecs' as a size (examples: 2GiB, 512MiB, 1e9)")

@@ -4,6 +4,7 @@ local remat = package.loaded.remat
 local C = remat._C
 local nn, policy = remat.nn, remat.policy
 local Module = nn.Module
+local fail = remat._fail
 
 local state = setmetatable({}, { __mode = "k" }) -- model -> { policy, sig, plan }
 
@@ -33,12 +34,23 @@ local function resolve_ctx(model, x, loss)
   }
 end
 
+-- A policy constructor passed uncalled (policy.every instead of policy.every(4)).
+local function constructor_name(f)
+  for name, v in pairs(policy) do
+    if v == f and name ~= "custom" and name ~= "is_policy" then return name end
+  end
+end
+
 local function as_policy(p, where)
+  local ctor = type(p) == "function" and constructor_name(p)
+  if ctor then
+    fail(("%s: policy.%s is a constructor: call it (policy.%s(...)) to get a policy"):format(where, ctor, ctor))
+  end
   if type(p) == "function" then return policy.custom(p) end
   if p == nil then return policy.none() end
   if not policy.is_policy(p) then
-    error(("%s: expected a policy (remat.policy.every(4), sqrt(), selective{...}, budget(\"1GiB\"), none()) or a function, got %s"):format(
-      where, type(p)), 3)
+    fail(("%s: expected a policy (remat.policy.every(4), sqrt(), selective{...}, budget(\"1GiB\"), none()) or a function, got %s"):format(
+      where, type(p)))
   end
   return p
 end
@@ -48,13 +60,14 @@ function Module:checkpoint(p)
   check_sequential(self, "checkpoint")
   p = as_policy(p, "checkpoint")
   local st = { policy = p }
-  state[self] = st
-  if p.needs_input then
-    C.plan_install(self, nil) -- resolved at the first forward, when sizes are known
-  else
-    st.plan = p.resolve(#self)
-    C.plan_install(self, st.plan)
+  if not p.needs_input then
+    local ok, plan = pcall(p.resolve, #self)
+    if not ok then fail("checkpoint: " .. tostring(plan)) end
+    st.plan = plan
   end
+  -- resolved at the first forward, when sizes are known, for policies that need them
+  C.plan_install(self, st.plan)
+  state[self] = st
   return self
 end
 
@@ -69,9 +82,15 @@ local function prepare(model, x, loss)
   if not st or not st.policy.needs_input then return st and st.plan end
   local sig = signature(x)
   if st.sig ~= sig then
-    st.plan = st.policy.resolve(#model, resolve_ctx(model, x, loss))
-    st.sig = sig
-    C.plan_install(model, st.plan)
+    local ok, plan = pcall(st.policy.resolve, #model, resolve_ctx(model, x, loss))
+    if not ok then
+      -- a failed policy does not stay installed: the model keeps everything again
+      state[model] = nil
+      C.plan_install(model, nil)
+      fail(("checkpoint: %s failed and was uninstalled (the model keeps everything): %s"):format(tostring(st.policy), tostring(plan)))
+    end
+    st.plan, st.sig = plan, sig
+    C.plan_install(model, plan)
   end
   return st.plan
 end
