@@ -1,11 +1,16 @@
 # remat build. `make` builds the library, the Lua module and the command;
-# `make test` runs the specs; `make run` trains the default model.
+# `make test` runs the specs; `make run` trains the default model. Both first install
+# the Debian packages (`make deps`), then build in a second make, which reads this file
+# again: the pkg-config lookups below see what deps has just installed.
 CC      ?= gcc
 NVCC    ?= nvcc
 BUILD   := build
 PKGS    := lua5.4 openblas
+# Everything the build and the specs need (Open MPI: remat.dist's specs; luarocks: the
+# rock's spec). .ci/run removes and reinstalls the -dev packages from this list.
 DEPS_APT := lua5.4 liblua5.4-dev lua-busted libopenblas-dev pkg-config zlib1g-dev \
-            dataset-fashion-mnist libreadline-dev gnuplot-nox valgrind
+            dataset-fashion-mnist libreadline-dev gnuplot-nox valgrind \
+            libopenmpi-dev openmpi-bin luarocks
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -31,7 +36,7 @@ CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=c
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 CUDA_TARGET := $(if $(filter 1,$(CUDA)),$(if $(CUDA_SRC),$(BUILD)/libremat_cuda.so),)
 
-.PHONY: all deps test run check-mem clean examples bench
+.PHONY: all deps print-deps test run check-mem clean examples bench build-for-test
 all: $(BUILD)/libremat.a $(BUILD)/libremat.so $(BUILD)/remat.so $(BUILD)/remat $(CUDA_TARGET)
 
 $(BUILD)/obj/%.o: %.c $(wildcard core/*.h core/*.def kernels/cpu/*.h lua/*.h)
@@ -77,21 +82,41 @@ $(BUILD)/obj/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.cuh core/*.h 
 $(BUILD)/libremat_cuda.so: $(CUDA_OBJ)
 	$(NVCC) -shared $(CUDA_ARCH) -o $@ $^ $(CUDA_LIBS)
 
-# Installs the Debian packages that are missing (as root), or prints the apt-get line.
+# Installs the Debian packages that are missing (as root); otherwise prints the apt-get
+# line and fails. Without dpkg (not Debian) it only names what the build needs.
 deps:
-	@missing=$$(for p in $(DEPS_APT); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@if ! command -v dpkg >/dev/null 2>&1; then \
+	  echo "deps: no dpkg; install the equivalents of: $(DEPS_APT)"; exit 0; fi; \
+	missing=$$(for p in $(DEPS_APT); do dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all installed"; \
 	elif [ "$$(id -u)" = 0 ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	else echo "run as root: apt-get install -y $$missing"; fi
+	  echo "deps: installing" $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null \
+	    || { echo "deps: apt-get install failed"; exit 1; }; \
+	else echo "deps: missing packages; as root run: apt-get install -y" $$missing; exit 1; fi
+
+# The package list, for .ci/run.
+print-deps:
+	@echo $(DEPS_APT)
 
 LUA_ENV := LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/spec/?.lua;;" LUA_CPATH="$(CURDIR)/$(BUILD)/?.so;;"
+# busted under Lua 5.4 whatever `lua` is (luarocks makes it lua5.1): its script starts
+# with `#!/usr/bin/env lua`, and remat.so only loads into the Lua it was built for.
+BUSTED = lua5.4 "$$(command -v busted)"
 
-test: deps all examples
-	$(LUA_ENV) busted --exclude-tags=gpu,slow -o spec/support/summary.lua spec
+# deps first, then the build in a new make (see the top of this file).
+test:
+	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory build-for-test
+	$(LUA_ENV) $(BUSTED) --exclude-tags=gpu,slow -o spec/support/summary.lua spec
 
-run: deps all
-	$(BUILD)/remat models/mlp.lua
+build-for-test: all examples
+
+# ARGS: the model's flags (make run ARGS=--quick).
+run:
+	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory all
+	$(BUILD)/remat models/mlp.lua $(ARGS)
 
 # check-mem: the in-process specs under ASan/UBSan/LSan (specs that start other programs,
 # tagged subprocess, would run those under the preloaded runtime too; valgrind runs them).
@@ -99,7 +124,7 @@ check-mem:
 	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" OPT=-O1 CUDA=0 all
 	LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/spec/?.lua;;" LUA_CPATH="$(CURDIR)/build-asan/?.so;;" \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=1 \
-	  busted --exclude-tags=gpu,slow,subprocess,valgrind -o spec/support/summary.lua spec
+	  $(BUSTED) --exclude-tags=gpu,slow,subprocess,valgrind -o spec/support/summary.lua spec
 
 clean:
 	rm -rf $(BUILD) build-asan
@@ -166,5 +191,7 @@ $(BUILD)/libremat_mpi.so: dist/mpi.c dist/nccl.c dist/dist_api.h
 
 .PHONY: run-dist
 # Trains the default model (models/mlp.lua's) data-parallel on 2 processes.
-run-dist: deps all
+run-dist:
+	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory all
 	$(MPIRUN) -np 2 $(BUILD)/remat dist/train.lua $(ARGS)

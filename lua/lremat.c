@@ -1,5 +1,6 @@
 /* Opening remat into a lua_State: the context binding, errors located at the user's
  * line, the collect-and-retry hook, and the embedded Lua library. */
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -149,7 +150,43 @@ int rm_lua_open(lua_State *L, rm_ctx *ctx) {
   return RM_OK;
 }
 
+/* remat.so is built for Lua 5.4 and links liblua5.4, whose symbols are versioned: its
+ * calls always reach liblua5.4. Loaded by another Lua (Debian's lua5.1, LuaJIT: busted
+ * runs under whatever `lua` is), they would act on that Lua's state and crash. That
+ * Lua's own lua_pushstring is then the process's first, unversioned one; returns it
+ * (NULL when it is ours, or none is visible, as in a host that links Lua privately). */
+typedef void (*any_pushstring)(lua_State *L, const char *s);
+typedef int (*any_error)(lua_State *L);
+
+static void *foreign_lua(Dl_info *who) {
+  void *first = dlsym(RTLD_DEFAULT, "lua_pushstring");
+  Dl_info ours;
+  if (!first || !dladdr(first, who) || !dladdr((void *)lua_pushstring, &ours)) return NULL;
+  return who->dli_fbase == ours.dli_fbase ? NULL : first;
+}
+
+/* The log of a context remat makes for itself (stock lua5.4, the remat command): a
+ * script's remat.log lines go to stderr. A host passes its own context to rm_lua_open,
+ * or replaces this one with rm_set_log(rm_lua_context(L), ...). */
+static void stderr_log(void *ud, int level, const char *msg) {
+  (void)ud;
+  static const char *const names[] = { "info", "warn", "error" };
+  fprintf(stderr, "[remat %s] %s\n", level >= 0 && level <= 2 ? names[level] : "log", msg);
+}
+
 int luaopen_remat(lua_State *L) {
+  Dl_info who;
+  void *push = foreign_lua(&who);
+  void *raise = push ? dlsym(RTLD_DEFAULT, "lua_error") : NULL;
+  if (push && raise) {
+    /* the calling Lua's own functions: lua_pushstring and lua_error exist in every Lua */
+    char msg[512];
+    snprintf(msg, sizeof msg, "remat: this module was built for %s but was loaded by another Lua (%s); "
+             "run it with lua5.4 (busted: lua5.4 \"$(command -v busted)\")", LUA_RELEASE,
+             who.dli_fname ? who.dli_fname : "?");
+    ((any_pushstring)push)(L, msg);
+    return ((any_error)raise)(L);
+  }
   /* A second require in the same state (busted insulates each spec file by clearing
    * package.loaded) reuses the context, so tensors made before stay valid. */
   lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
@@ -164,7 +201,7 @@ int luaopen_remat(lua_State *L) {
     lua_setmetatable(L, -2);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &OWNER_KEY);
     rm_host_alloc a = rm_lua_host_alloc(L); /* the context's memory: L's lua_Alloc */
-    *pp = ctx = rm_ctx_new(&a, NULL, NULL);
+    *pp = ctx = rm_ctx_new(&a, stderr_log, NULL);
     if (!ctx) return luaL_error(L, "remat: cannot create a context (out of memory)");
   }
   if (rm_lua_open(L, ctx) != RM_OK) return luaL_error(L, "%s", rm_errmsg(ctx));

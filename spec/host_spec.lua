@@ -283,11 +283,22 @@ describe("remat.train.stepper", function()
 end)
 
 describe("remat.log", function()
-  it("is silent without a host callback (stock lua5.4)", function()
-    assert.is_false(remat.log.enabled())
-    remat.log("nothing", 1, true)
-    remat.log.warn("nothing")
-    remat.log.error("nothing")
+  local code = [[local r = require "remat"; r.log("hello", 1, true); r.log.warn("careful"); r.log.error("bad"); ]] ..
+    [[io.write(tostring(r.log.enabled()))]]
+  local want = "[remat info] hello\t1\ttrue\n[remat warn] careful\n[remat error] bad\n"
+
+  it("writes to stderr without a host (stock lua5.4)", function()
+    local out, err, rc = run(("LUA_CPATH=%s/?.so lua5.4 -e '%s'"):format(build, code))
+    assert.are.equal(0, rc, err)
+    assert.are.equal("true", out)
+    assert.are.equal(want, err)
+  end)
+
+  it("writes to stderr in the remat command", function()
+    local out, err, rc = run(("%s/remat -e '%s'"):format(build, code))
+    assert.are.equal(0, rc, err)
+    assert.are.equal("true", out)
+    assert.are.equal(want, err)
   end)
 end)
 

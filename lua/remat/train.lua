@@ -31,7 +31,8 @@ local LEVELS = { info = 0, warn = 1, error = 2 }
 
 -- remat.log(...): the arguments, tostring'ed and tab-separated as print does, to the
 -- host's log callback (level info); remat.log.warn(...), remat.log.error(...) likewise.
--- Silent when the context has no callback (a stock lua5.4 or the remat command).
+-- Without a host (a stock lua5.4, the remat command) they go to stderr as
+-- "[remat info] ..."; a host's context logs to its callback, or nowhere without one.
 local log = setmetatable({}, { __call = function(_, ...) return train._log(0, ...) end })
 function train._log(level, ...)
   local n = select("#", ...)
