@@ -5,12 +5,18 @@
 CC      ?= gcc
 NVCC    ?= nvcc
 BUILD   := build
-PKGS    := lua5.4 openblas
+PKGS    := lua5.4
 # Everything the build and the specs need (Open MPI: remat.dist's specs; luarocks: the
 # rock's spec). .ci/run removes and reinstalls the -dev packages from this list.
-DEPS_APT := lua5.4 liblua5.4-dev lua-busted libopenblas-dev pkg-config zlib1g-dev \
+DEPS_APT := lua5.4 liblua5.4-dev lua-busted libopenblas0-openmp pkg-config zlib1g-dev \
             dataset-fashion-mnist libreadline-dev gnuplot-nox valgrind \
             libopenmpi-dev openmpi-bin luarocks
+
+# The BLAS is opened at run time (kernels/cpu/blas.c says why): the first of these that
+# opens and has cblas_sgemm; REMAT_BLAS=path at run time comes before them. Debian's
+# OpenMP build of OpenBLAS first: it shares remat's OpenMP thread pool (README, "CPU speed").
+MULTIARCH := $(shell $(CC) -print-multiarch 2>/dev/null)
+BLAS    ?= /usr/lib/$(MULTIARCH)/openblas-openmp/libopenblas.so.0 libopenblas.so.0 libblis.so.4
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -42,6 +48,8 @@ all: $(BUILD)/libremat.a $(BUILD)/libremat.so $(BUILD)/remat.so $(BUILD)/remat $
 $(BUILD)/obj/%.o: %.c $(wildcard core/*.h core/*.def kernels/cpu/*.h lua/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/kernels/cpu/blas.o: CFLAGS += -DREMAT_BLAS_LIBS='"$(strip $(BLAS))"'
 
 $(BUILD)/lua_embedded.c: $(LUA_LIB) tools/embed.lua
 	@mkdir -p $(BUILD)

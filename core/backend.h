@@ -29,6 +29,8 @@ typedef struct rm_backend {
   size_t (*reserved)(rm_ctx *ctx);
   size_t (*empty_cache)(rm_ctx *ctx);
   int (*device_info)(rm_ctx *ctx, char *name, size_t n, size_t *total, size_t *free_bytes);
+  /* What runs this device's work (rm_get_info); NULL where there is nothing to say. */
+  int (*runtime_info)(rm_ctx *ctx, rm_info *info);
   bool supports_dtype[RM_DTYPE_COUNT];
   /* Machine balance: FLOPs the device does in the time it moves one byte. The cost of
    * replaying an op is FLOPs + bytes moved x this (a roofline estimate): memory-bound

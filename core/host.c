@@ -2,7 +2,9 @@
  * logging, error codes, limits and the generator, all read or written on one ctx. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
+#include "backend.h"
 #include "ctx.h"
 
 int rm_set_log(rm_ctx *ctx, rm_log_fn log, void *log_ud) {
@@ -21,6 +23,14 @@ void rm_log(rm_ctx *ctx, int level, const char *fmt, ...) {
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   ctx->log(ctx->log_ud, level, buf);
+}
+
+int rm_get_info(rm_ctx *ctx, rm_info *info) {
+  memset(info, 0, sizeof *info);
+  snprintf(info->version, sizeof info->version, "%s", REMAT_VERSION);
+  const rm_backend *cpu = rm_backend_get(ctx, RM_CPU);
+  if (!cpu) return ctx->err_code;
+  return cpu->runtime_info ? cpu->runtime_info(ctx, info) : RM_OK;
 }
 
 int rm_errcode(const rm_ctx *ctx) { return ctx ? ctx->err_code : RM_ERR_ARG; }

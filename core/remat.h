@@ -20,10 +20,10 @@
  * Threads: a context, and every lua_State opened on it, is used from one thread at a
  * time (no internal locking; hand it over with the host's own synchronisation).
  * Different contexts may be used from different threads at once: they share nothing
- * but read-only tables (op registry, kernels). CPU kernels use OpenMP and OpenBLAS
- * worker threads, which are process-wide (set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS
- * to leave cores to the host's own threads); the log callback is always called on the
- * thread that made the call that logs. */
+ * but read-only tables (op registry, kernels). CPU kernels, BLAS calls included, run
+ * in one process-wide OpenMP (libgomp) thread pool: OMP_NUM_THREADS or the host's own
+ * omp_set_num_threads() sets its size (leave cores to the host's threads that way);
+ * the log callback is always called on the thread that made the call that logs. */
 #ifndef REMAT_H
 #define REMAT_H
 
@@ -108,6 +108,23 @@ size_t rm_memory_limit(const rm_ctx *ctx, int device);
 /* Live and peak bytes (all categories) of tensor storage on a device. */
 size_t rm_memory_live(const rm_ctx *ctx, int device);
 size_t rm_memory_peak(const rm_ctx *ctx, int device);
+
+/* What runs CPU work (as remat.info() and `remat -v`): the BLAS and the kernels it
+ * chose, the OpenMP thread count, the CPU's SIMD level. Strings are NUL-terminated. */
+typedef struct rm_info {
+  char version[16];        /* REMAT_VERSION */
+  char blas[64];           /* "OpenBLAS 0.3.21 (OpenMP)", "BLIS 0.9.0", "built-in" */
+  char blas_core[32];      /* the kernels it runs: "Haswell", "SkylakeX", "Prescott", ... */
+  char blas_core_from[48]; /* who chose them: "picked by remat from the CPU's features", ... */
+  char blas_path[256];     /* the library file opened ("" for the built-in GEMM) */
+  char simd[16];           /* the CPU's: "avx512", "avx2", "avx", "sse4.2", "sse2" */
+  int threads;             /* OpenMP threads a parallel region gets (BLAS included) */
+  int blas_generic;        /* 1: the BLAS runs pre-AVX2 kernels on an AVX2+ CPU (slow) */
+  int blas_openmp;         /* 1: BLAS calls share remat's OpenMP thread pool */
+} rm_info;
+/* Fills *info (opening the CPU backend, and its BLAS, if not done yet). Returns RM_OK
+ * or an error status. */
+int rm_get_info(rm_ctx *ctx, rm_info *info);
 
 /* Seeds the context's random generator (as remat.manual_seed). Returns RM_OK. */
 int rm_manual_seed(rm_ctx *ctx, uint64_t seed);

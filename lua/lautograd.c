@@ -231,6 +231,28 @@ static int l_now(lua_State *L) {
   return 1;
 }
 
+/* C.runtime_info() -> { version=, blas=, blas_core=, blas_core_from=, blas_path=,
+ * threads=, simd=, blas_generic=, blas_openmp= } (rm_get_info) */
+static int l_runtime_info(lua_State *L) {
+  rm_info r;
+  if (rm_get_info(rm_lua_ctx(L), &r) != RM_OK) return rm_lua_fail(L, "info");
+  lua_createtable(L, 0, 9);
+  const struct { const char *k, *v; } str[] = {
+    { "version", r.version }, { "blas", r.blas }, { "blas_core", r.blas_core },
+    { "blas_core_from", r.blas_core_from }, { "blas_path", r.blas_path }, { "simd", r.simd } };
+  for (size_t i = 0; i < sizeof str / sizeof str[0]; i++) {
+    lua_pushstring(L, str[i].v);
+    lua_setfield(L, -2, str[i].k);
+  }
+  lua_pushinteger(L, r.threads);
+  lua_setfield(L, -2, "threads");
+  lua_pushboolean(L, r.blas_generic);
+  lua_setfield(L, -2, "blas_generic");
+  lua_pushboolean(L, r.blas_openmp);
+  lua_setfield(L, -2, "blas_openmp");
+  return 1;
+}
+
 /* C.set_category(name) -> previous name: category of the next op outputs */
 static int l_set_category(lua_State *L) {
   rm_ctx *ctx = rm_lua_ctx(L);
@@ -320,6 +342,7 @@ static const luaL_Reg fns[] = {
   { "reset_peak", l_reset_peak },
   { "fail_at", l_fail_at },
   { "now", l_now },
+  { "runtime_info", l_runtime_info },
   { "set_category", l_set_category },
   { NULL, NULL },
 };

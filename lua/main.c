@@ -59,17 +59,34 @@ static int run_chunk(lua_State *L, int loadrc, int nargs) {
   return report(L, rc);
 }
 
+/* The command's log: warnings and errors to stderr (the library itself never prints). */
+static void log_stderr(void *ud, int level, const char *msg) {
+  (void)ud;
+  if (level >= RM_LOG_WARN) fprintf(stderr, "remat: %s\n", msg);
+}
+
+/* `remat -v`: the version and what runs (rm_get_info). */
+static void print_version(lua_State *L) {
+  printf("remat %s (%s)\n", REMAT_VERSION, LUA_RELEASE);
+  rm_info r;
+  if (rm_get_info(rm_lua_context(L), &r) != RM_OK) return;
+  printf("blas: %s, core %s (%s)%s%s\nthreads: %d (OpenMP%s), simd: %s\n", r.blas, r.blas_core,
+         r.blas_core_from, r.blas_path[0] ? ", " : "", r.blas_path, r.threads,
+         r.blas_openmp ? ", shared with the BLAS" : "; the BLAS keeps its own", r.simd);
+}
+
 int main(int argc, char **argv) {
   lua_State *L = luaL_newstate();
   if (!L) { fputs("remat: cannot create a Lua state\n", stderr); return 1; }
   luaL_openlibs(L);
   luaL_requiref(L, "remat", luaopen_remat, 0);
   lua_pop(L, 1);
+  rm_set_log(rm_lua_context(L), log_stderr, NULL);
   int status = LUA_OK;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     if (!strcmp(argv[i], "-v")) {
-      printf("remat %s (%s)\n", REMAT_VERSION, LUA_RELEASE);
+      print_version(L);
       if (argc == 2) { lua_close(L); return 0; }
     } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       usage(stdout);

@@ -52,6 +52,7 @@ const rm_backend rm_cpu_backend = {
   .to_host = cpu_copy,
   .from_host = cpu_copy,
   .synchronize = cpu_sync,
+  .runtime_info = rm_cpu_runtime_info,
   .supports_dtype = { [RM_F32] = true, [RM_F64] = true },
   .flops_per_byte = 8.0, /* ~200 GFLOP/s of GEMM over ~25 GB/s of streaming, 2 cores */
   .kernel = {

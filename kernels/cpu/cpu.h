@@ -31,6 +31,38 @@ void *rm_cpu_malloc(rm_ctx *ctx, size_t n);
 void rm_cpu_free(rm_ctx *ctx, void *p, size_t n);
 size_t rm_cpu_reserved(rm_ctx *ctx);
 size_t rm_cpu_empty_cache(rm_ctx *ctx);
+int rm_cpu_runtime_info(rm_ctx *ctx, rm_info *info);
+
+/* The BLAS (kernels/cpu/blas.c): opened per context at backend init. CBLAS's ABI
+ * values for the layout and transpose flags. */
+#define RM_BLAS_ROW_MAJOR 101
+#define RM_BLAS_NOTRANS 111
+#define RM_BLAS_TRANS 112
+typedef void (*rm_sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha,
+                            const float *a, int lda, const float *b, int ldb, float beta,
+                            float *c, int ldc);
+typedef void (*rm_dgemm_fn)(int order, int ta, int tb, int m, int n, int k, double alpha,
+                            const double *a, int lda, const double *b, int ldb, double beta,
+                            double *c, int ldc);
+typedef struct rm_cpu_blas {
+  void *handle;           /* NULL: the built-in GEMM */
+  rm_sgemm_fn sgemm;
+  rm_dgemm_fn dgemm;
+  char name[64], core[32], path[256];
+  const char *core_from;  /* who chose the kernels (a literal) */
+  bool is_openblas, openmp, generic, warned;
+} rm_cpu_blas;
+
+void rm_cpu_blas_open(rm_cpu_blas *b);
+void rm_cpu_blas_close(rm_cpu_blas *b);
+void rm_cpu_blas_report(const rm_cpu_blas *b, rm_info *r);
+const char *rm_cpu_simd_name(void);
+/* The context's BLAS (the backend is initialised before any kernel runs). */
+rm_cpu_blas *rm_cpu_blas_of(rm_ctx *ctx);
+/* C (m x n, ldc) = op(A) op(B) + beta C, row-major, in dtype dt; ta/tb: RM_BLAS_*. */
+void rm_cpu_gemm(rm_ctx *ctx, rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64_t m, int64_t n,
+                 int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, double beta,
+                 void *c, int64_t ldc);
 
 /* Rows for OpenMP: only parallelise loops worth a thread. */
 #define RM_CPU_PAR_MIN 32768

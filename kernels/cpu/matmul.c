@@ -1,8 +1,7 @@
-/* CPU kernels for matmul and linear over OpenBLAS GEMM. Both ops take strided inputs:
+/* CPU kernels for matmul and linear over the BLAS's GEMM (kernels/cpu/blas.c). Both ops take strided inputs:
  * a matrix whose rows or columns are contiguous (a transpose, a narrow) goes to BLAS as
  * is, with the matching transpose flag and leading dimension; anything else is first
  * copied into a contiguous workspace tensor. */
-#include <cblas.h>
 #include <limits.h>
 #include <string.h>
 
@@ -10,7 +9,7 @@
 
 /* A matrix as BLAS sees it (row-major layout throughout). */
 typedef struct {
-  CBLAS_TRANSPOSE tr;
+  int tr;             /* RM_BLAS_NOTRANS or RM_BLAS_TRANS */
   int64_t ld;
 } blasmat;
 
@@ -18,12 +17,12 @@ typedef struct {
  * fills m when it can. Size-1 dims may have any stride. */
 static bool as_blas(int64_t rows, int64_t cols, int64_t sr, int64_t sc, blasmat *m) {
   if ((cols == 1 || sc == 1) && (rows == 1 || sr >= cols)) {
-    m->tr = CblasNoTrans;
+    m->tr = RM_BLAS_NOTRANS;
     m->ld = rows == 1 ? (cols > 1 ? cols : 1) : sr;
     return m->ld < INT_MAX;
   }
   if ((rows == 1 || sr == 1) && (cols == 1 || sc >= rows)) {
-    m->tr = CblasTrans;
+    m->tr = RM_BLAS_TRANS;
     m->ld = cols == 1 ? (rows > 1 ? rows : 1) : sc;
     return m->ld < INT_MAX;
   }
@@ -38,15 +37,10 @@ static rm_tensor *workspace_copy(rm_ctx *ctx, rm_tensor *t) {
   return c;
 }
 
-/* C (m x n, ldc) = alpha * op(A) op(B) + beta * C, in t's dtype. */
-static void gemm(rm_dtype dt, blasmat ma, blasmat mb, int64_t m, int64_t n, int64_t k,
+/* C (m x n, ldc) = op(A) op(B) + beta * C, in dt. */
+static void gemm(rm_ctx *ctx, rm_dtype dt, blasmat ma, blasmat mb, int64_t m, int64_t n, int64_t k,
                  const void *a, const void *b, double beta, void *c, int64_t ldc) {
-  if (dt == RM_F64)
-    cblas_dgemm(CblasRowMajor, ma.tr, mb.tr, (int)m, (int)n, (int)k, 1.0, a, (int)ma.ld, b,
-                (int)mb.ld, beta, c, (int)ldc);
-  else
-    cblas_sgemm(CblasRowMajor, ma.tr, mb.tr, (int)m, (int)n, (int)k, 1.0f, a, (int)ma.ld, b,
-                (int)mb.ld, (float)beta, c, (int)ldc);
+  rm_cpu_gemm(ctx, rm_cpu_blas_of(ctx), dt, ma.tr, mb.tr, m, n, k, a, ma.ld, b, mb.ld, beta, c, ldc);
 }
 
 /* One operand of matmul seen as a batch of (rows x cols) matrices; 1-D operands are
@@ -130,7 +124,7 @@ RM_CPU_KERNEL(matmul) {
   char *py = rm_tensor_ptr(y);
 
   /* One call when B is shared by every batch and A's batches stack into rows. */
-  bool fold = A.bm.tr == CblasNoTrans;
+  bool fold = A.bm.tr == RM_BLAS_NOTRANS;
   int64_t expect = M * A.bm.ld;
   for (int d = nb - 1; d >= 0 && fold; d--) {
     if (bshape[d] == 1) continue;
@@ -138,7 +132,7 @@ RM_CPU_KERNEL(matmul) {
     expect *= bshape[d];
   }
   if (fold && batch * M < INT_MAX) {
-    gemm(y->dtype, A.bm, B.bm, batch * M, N, K, pa, pb, 0.0, py, N);
+    gemm(ctx, y->dtype, A.bm, B.bm, batch * M, N, K, pa, pb, 0.0, py, N);
     goto done;
   }
   for (int64_t i = 0; i < batch; i++) {
@@ -149,7 +143,7 @@ RM_CPU_KERNEL(matmul) {
       oa += k * sa[d];
       ob += k * sb[d];
     }
-    gemm(y->dtype, A.bm, B.bm, M, N, K, pa + oa * (int64_t)es, pb + ob * (int64_t)es, 0.0,
+    gemm(ctx, y->dtype, A.bm, B.bm, M, N, K, pa + oa * (int64_t)es, pb + ob * (int64_t)es, 0.0,
          py + i * M * N * (int64_t)es, N);
   }
 done:
@@ -207,7 +201,7 @@ RM_CPU_KERNEL(linear) {
     w = cw;
     as_blas(fin, fout, 1, fin, &mw);
   }
-  gemm(y->dtype, mx, mw, R, fout, fin, rm_tensor_ptr(x), rm_tensor_ptr(w), 1.0, rm_tensor_ptr(y), fout);
+  gemm(ctx, y->dtype, mx, mw, R, fout, fin, rm_tensor_ptr(x), rm_tensor_ptr(w), 1.0, rm_tensor_ptr(y), fout);
 done:
   rm_tensor_drop(ctx, cx);
   rm_tensor_drop(ctx, cw);

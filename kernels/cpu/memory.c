@@ -25,6 +25,7 @@ typedef struct cpu_state {
   size_t held;           /* bytes taken from the host allocator (in use + cached) */
   size_t cached;         /* of which cached */
   size_t peak_in_use;    /* high-water mark of held - cached */
+  rm_cpu_blas blas;      /* the BLAS this context calls (kernels/cpu/blas.c) */
 } cpu_state;
 
 static cpu_state *state(rm_ctx *ctx) { return ctx->backend_state[RM_CPU]; }
@@ -66,6 +67,14 @@ static void host_unblock(rm_ctx *ctx, void *p, size_t size) {
 int rm_cpu_init(rm_ctx *ctx, void **st) {
   *st = rm_host_calloc(ctx, 1, sizeof(cpu_state));
   if (!*st) return rm_fail(ctx, RM_ERR_OOM, "cpu: out of host memory for the backend state");
+  rm_cpu_blas_open(&((cpu_state *)*st)->blas);
+  return RM_OK;
+}
+
+rm_cpu_blas *rm_cpu_blas_of(rm_ctx *ctx) { return &state(ctx)->blas; }
+
+int rm_cpu_runtime_info(rm_ctx *ctx, rm_info *info) {
+  rm_cpu_blas_report(rm_cpu_blas_of(ctx), info);
   return RM_OK;
 }
 
@@ -89,6 +98,7 @@ size_t rm_cpu_empty_cache(rm_ctx *ctx) {
 
 void rm_cpu_shutdown(rm_ctx *ctx, void *st) {
   if (!st) return;
+  rm_cpu_blas_close(&((cpu_state *)st)->blas);
   rm_cpu_empty_cache(ctx);
   rm_host_free(ctx, st, sizeof(cpu_state));
 }

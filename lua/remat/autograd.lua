@@ -61,4 +61,12 @@ function remat.cuda.synchronize() C.cuda_synchronize() end
 function remat.cuda.empty_cache() return C.cuda_empty_cache() end
 function remat.cuda.info() return C.cuda_info() end
 
+-- What runs: version, blas (library), blas_core (its kernels), blas_core_from (who chose
+-- them), blas_path, threads (OpenMP, BLAS included), simd (the CPU's level), cuda.
+function remat.info()
+  local t = C.runtime_info()
+  t.cuda = remat.cuda.available()
+  return t
+end
+
 return true
