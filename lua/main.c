@@ -59,12 +59,6 @@ static int run_chunk(lua_State *L, int loadrc, int nargs) {
   return report(L, rc);
 }
 
-/* The command's log: warnings and errors to stderr (the library itself never prints). */
-static void log_stderr(void *ud, int level, const char *msg) {
-  (void)ud;
-  if (level >= RM_LOG_WARN) fprintf(stderr, "remat: %s\n", msg);
-}
-
 /* `remat -v`: the version and what runs (rm_get_info). */
 static void print_version(lua_State *L) {
   printf("remat %s (%s)\n", REMAT_VERSION, LUA_RELEASE);
@@ -81,7 +75,6 @@ int main(int argc, char **argv) {
   luaL_openlibs(L);
   luaL_requiref(L, "remat", luaopen_remat, 0);
   lua_pop(L, 1);
-  rm_set_log(rm_lua_context(L), log_stderr, NULL);
   int status = LUA_OK;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
