@@ -77,11 +77,14 @@ $(BUILD)/remat: lua/main.c lua/repl.c $(LIB_OBJ)
 # The CUDA backend: one object per family (parallel with make -j), cudart linked
 # statically so the library loads without a driver (init then reports why CUDA is not
 # available); only what backend.cu exports is visible (the library is dlopen'ed
-# RTLD_LOCAL and must not depend on core symbols: nm -uD shows no rm_*).
+# RTLD_LOCAL and must not depend on core symbols: nm -uD shows no rm_*). Linked with
+# --no-undefined: an op without its cuk_<op> kernel is a link error, as on the CPU side.
+# cuBLAS and cublasLt (bias epilogues) come from the toolkit's lib64.
 CUDA_OBJ := $(patsubst kernels/cuda/%.cu,$(BUILD)/obj/cuda/%.o,$(CUDA_SRC))
 CUDA_FLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall \
               -Icore
-CUDA_LIBS := -cudart static -lcublas $(if $(CUDA_HOME),-Xlinker -rpath=$(CUDA_HOME)/lib64)
+CUDA_LIBS := -cudart static -lcublasLt -lcublas -Xlinker --no-undefined \
+             $(if $(CUDA_HOME),-L$(CUDA_HOME)/lib64 -Xlinker -rpath=$(CUDA_HOME)/lib64)
 
 $(BUILD)/obj/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.cuh core/*.h core/*.def)
 	@mkdir -p $(dir $@)

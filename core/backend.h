@@ -31,6 +31,10 @@ typedef struct rm_backend {
   int (*device_info)(rm_ctx *ctx, char *name, size_t n, size_t *total, size_t *free_bytes);
   /* What runs this device's work (rm_get_info); NULL where there is nothing to say. */
   int (*runtime_info)(rm_ctx *ctx, rm_info *info);
+  /* Timing mode (CUDA: REMAT_CUDA_PROFILE=1): fills ms[op] and calls[op] (RM_OP_COUNT
+   * entries) with the device time per op since the last reset; returns 0 when the mode
+   * is off. NULL where meaningless. */
+  int (*profile)(rm_ctx *ctx, double *ms, int64_t *calls, bool reset);
   bool supports_dtype[RM_DTYPE_COUNT];
   /* Machine balance: FLOPs the device does in the time it moves one byte. The cost of
    * replaying an op is FLOPs + bytes moved x this (a roofline estimate): memory-bound

@@ -6,11 +6,15 @@
  *   i[0] = 1: causal, aligned at the bottom right: query i sees keys j <= i + (Tk - Tq)
  *   (so Tq <= Tk is required; Tq = Tk is the usual mask). f[0] = scale (0: 1/sqrt(hd)).
  *   y has q's shape and dtype. lse (..., Tq) is the log-sum-exp of each scaled, masked
- *   score row, float64 for float64 inputs and float32 otherwise (bf16 on CUDA).
+ *   score row, float64 for float64 inputs and float32 otherwise.
  *   A query with no key (Tk = 0) gets y = 0 and lse = -inf.
  *   Saved for backward: q, k, v, y and lse; never the probabilities.
  * attention_backward(q, k, v, y, lse, gy) -> gq, gk, gv (internal, not differentiable;
  *   the attrs of the forward): recomputes the probabilities blockwise from q, k and lse.
+ *
+ * Both ops take strided q, k, v, y, gy (RM_OPF_STRIDED): the usual q, k, v are
+ * (B, H, T, D) views of one (B, T, 3, H, D) projection, which the CUDA kernels read in
+ * place (the CPU kernels copy what is not contiguous).
  *
  * The op keeps the name "attention" so that checkpoint policies can name it. */
 #include <math.h>
@@ -135,8 +139,8 @@ static double attention_bw_flops(int nin, rm_tensor *const *in, const rm_attrs *
 /* ---- definitions ---- */
 
 const rm_op_def rm_opdef_attention = { .name = "attention", .nin = 3, .nout = 2, .nvis = 1,
-  .save_in = 7, .save_out = 3, .infer = attention_infer, .backward = attention_backward,
+  .flags = RM_OPF_STRIDED, .save_in = 7, .save_out = 3, .infer = attention_infer, .backward = attention_backward,
   .flops = attention_flops };
 const rm_op_def rm_opdef_attention_backward = { .name = "attention_backward", .nin = 6, .nout = 3,
-  .nvis = 3, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL, .infer = attention_bw_infer,
+  .nvis = 3, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL | RM_OPF_STRIDED, .infer = attention_bw_infer,
   .flops = attention_bw_flops };

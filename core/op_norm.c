@@ -28,10 +28,15 @@ rm_tensor *rm_rmsnorm(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, double eps) {
 
 /* ---- shapes ---- */
 
+/* The statistics' dtype: float64 for float64, float32 otherwise (a bfloat16 mean or
+ * rstd would lose 8 bits before the row uses it). */
+static rm_dtype stats_dtype(rm_dtype dt) { return dt == RM_F64 ? RM_F64 : RM_F32; }
+
 /* x's shape without its last dim (the per-row statistics). */
 static void stats_meta(rm_tensor *x, rm_meta *m) {
   rm_tensor_meta(x, m);
   m->ndim = x->ndim - 1;
+  m->dtype = stats_dtype(x->dtype);
 }
 
 /* Checks the common inputs: nin in [lo, hi], same dtype/device, x at least 1-D,
@@ -81,8 +86,14 @@ static int norm_bw_infer(rm_ctx *ctx, const char *op, int nin, rm_tensor *const 
   int ng = 1 + nstats;
   if (nin < ng + 1 || nin > ng + 2)
     return rm_fail(ctx, RM_ERR_ARG, "%s: takes %d or %d tensors (got %d)", op, ng + 1, ng + 2, nin);
-  if (rm_check_same_device(ctx, op, nin, in) || rm_check_same_dtype(ctx, op, nin, in)) return ctx->err_code;
+  if (rm_check_same_device(ctx, op, nin, in)) return ctx->err_code;
   rm_tensor *x = in[0];
+  for (int i = 1; i < nin; i++) {
+    rm_dtype want = i <= nstats ? stats_dtype(x->dtype) : x->dtype;
+    if (in[i]->dtype != want)
+      return rm_fail(ctx, RM_ERR_DTYPE, "%s: %s is %s, expected %s", op, i <= nstats ? "a statistic" : "a tensor",
+                     rm_dtype_name(in[i]->dtype), rm_dtype_name(want));
+  }
   if (x->ndim == 0) return rm_fail(ctx, RM_ERR_SHAPE, "%s: input must have at least 1 dimension", op);
   for (int i = 1; i <= nstats; i++)
     if (rm_check_shape(ctx, op, "a statistic", in[i], x->ndim - 1, x->shape)) return ctx->err_code;

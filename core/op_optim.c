@@ -23,6 +23,9 @@
  *     m = lerp(m, grad, 1 - beta1);  v = beta2 * v + (1 - beta2) * grad^2
  *     param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
  *
+ * A float32 param may take a bfloat16 grad (mixed precision: the param is the float32
+ * master copy of a bfloat16 weight, the optimizer casts it back into the model).
+ *
  * rm_op_into does not run infer, so the kernels run it themselves (through the
  * registry) and check that the outputs match the inputs before touching memory. */
 #include <math.h>
@@ -30,10 +33,18 @@
 
 #include "ops.h"
 
-/* param, grad and state tensors: same shape, dtype and device. */
+/* param, grad and state tensors: same shape, dtype and device, except that a float32
+ * param (the master copy of a bfloat16 weight, see lua/remat/optim.lua) may take a
+ * bfloat16 grad. */
 static int check_state(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in) {
   static const char *const names[] = { "param", "grad", "state 1", "state 2" };
-  if (rm_check_same_device(ctx, op, nin, in) || rm_check_same_dtype(ctx, op, nin, in)) return ctx->err_code;
+  if (rm_check_same_device(ctx, op, nin, in)) return ctx->err_code;
+  for (int i = 1; i < nin; i++) {
+    bool ok = in[i]->dtype == in[0]->dtype || (i == 1 && in[0]->dtype == RM_F32 && in[i]->dtype == RM_BF16);
+    if (!ok)
+      return rm_fail(ctx, RM_ERR_DTYPE, "%s: %s is %s but param is %s", op, names[i], rm_dtype_name(in[i]->dtype),
+                     rm_dtype_name(in[0]->dtype));
+  }
   for (int i = 1; i < nin; i++)
     if (!rm_same_shape(in[i], in[0])) {
       char s1[96], s2[96];

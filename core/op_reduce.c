@@ -106,16 +106,23 @@ static int max_meta(rm_ctx *ctx, const char *op, rm_tensor *in, const rm_attrs *
   return RM_OK;
 }
 
+/* Indices (1-based whole numbers) are float64 for float64 and float32 otherwise: a
+ * bfloat16 index is exact only up to 256. */
+static rm_dtype index_dtype(rm_dtype dt) { return dt == RM_F64 ? RM_F64 : RM_F32; }
+
 static int max_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   (void)nin;
   if (max_meta(ctx, "max", in[0], a, &out[0])) return ctx->err_code;
   out[1] = out[0];
+  out[1].dtype = index_dtype(in[0]->dtype);
   return RM_OK;
 }
 
 static int argmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   (void)nin;
-  return max_meta(ctx, "argmax", in[0], a, &out[0]);
+  if (max_meta(ctx, "argmax", in[0], a, &out[0])) return ctx->err_code;
+  out[0].dtype = index_dtype(in[0]->dtype);
+  return RM_OK;
 }
 
 static int sum_to_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {

@@ -15,6 +15,7 @@
 
 #include "cpu.h"
 #include "fastmath.h"
+#include "../../core/ops.h"
 
 #define ATT_RB 16
 
@@ -224,8 +225,52 @@ static int threads_for(const att_geo *g) {
   return work > RM_CPU_PAR_MIN ? omp_get_max_threads() : 1;
 }
 
+static int attention_contig(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out, const rm_attrs *a);
+static int attention_backward_contig(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out,
+                                     const rm_attrs *a);
+
+/* The ops take strided inputs (the CUDA kernels read (B, H, T, D) views of a packed
+ * projection in place); these kernels walk contiguous rows: c[i] is in[i] itself or a
+ * contiguous workspace copy, made without recording anything. NULL + error. */
+static int contig_inputs(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor **c) {
+  bool grad = ctx->grad_enabled;
+  rm_category cat = ctx->category;
+  ctx->grad_enabled = false;
+  ctx->category = RM_CAT_WORKSPACE;
+  int rc = RM_OK;
+  for (int i = 0; i < nin; i++) c[i] = NULL;
+  for (int i = 0; i < nin && !rc; i++)
+    if (!(c[i] = rm_contiguous(ctx, in[i]))) rc = ctx->err_code ? ctx->err_code : RM_ERR_OOM;
+  ctx->grad_enabled = grad;
+  ctx->category = cat;
+  if (rc)
+    for (int i = 0; i < nin; i++) rm_tensor_drop(ctx, c[i]), c[i] = NULL;
+  return rc;
+}
+
+static void drop_inputs(rm_ctx *ctx, int nin, rm_tensor **c) {
+  for (int i = 0; i < nin; i++) rm_tensor_drop(ctx, c[i]);
+}
+
 RM_CPU_KERNEL(attention) {
-  (void)nin; (void)nout;
+  (void)nout;
+  rm_tensor *c[3];
+  if (nin != 3 || contig_inputs(ctx, nin, in, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;
+  int rc = attention_contig(ctx, c, out, a);
+  drop_inputs(ctx, nin, c);
+  return rc;
+}
+
+RM_CPU_KERNEL(attention_backward) {
+  (void)nout;
+  rm_tensor *c[6];
+  if (nin != 6 || contig_inputs(ctx, nin, in, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;
+  int rc = attention_backward_contig(ctx, c, out, a);
+  drop_inputs(ctx, nin, c);
+  return rc;
+}
+
+static int attention_contig(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out, const rm_attrs *a) {
   att_geo g;
   geometry(in, a, &g);
   if (g.bh * g.Tq == 0) return RM_OK;
@@ -245,8 +290,8 @@ RM_CPU_KERNEL(attention) {
   return RM_OK;
 }
 
-RM_CPU_KERNEL(attention_backward) {
-  (void)nin; (void)nout;
+static int attention_backward_contig(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out,
+                                     const rm_attrs *a) {
   att_geo g;
   geometry(in, a, &g);
   if (g.bh == 0) return RM_OK;

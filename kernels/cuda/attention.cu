@@ -1,325 +1,506 @@
-/* Fused scaled-dot-product attention (flash-attention style) for the ops attention and
- * attention_backward (core/op_attention.c has the definitions, kernels/cpu/attention.c
- * the CPU kernels); backend.cu picks these up by name (cuk_attention, ...).
+/* Scaled-dot-product attention for the ops attention and attention_backward
+ * (core/op_attention.c has the definitions, kernels/cpu/attention.c the CPU twins);
+ * backend.cu picks these up by name (cuk_attention, ...).
  *
  * Semantics:
  *   attention(q, k, v) -> y, lse          (nout 2, nvis 1: lse is kept for backward)
- *     q (..., Tq, hd), k and v (..., Tk, hd), same leading dims, contiguous;
+ *     q (..., Tq, hd), k and v (..., Tk, hd), same leading dims, any strides (the op is
+ *     RM_OPF_STRIDED: q, k, v are usually (B, H, T, D) views of a linear layer's
+ *     (B, T, 3, H, D) output and are read in place, never copied);
  *     i[0] = 1: causal, aligned at the bottom right: query i sees keys
  *     j <= i + (Tk - Tq) (the op requires Tq <= Tk); f[0] = scale (0: 1/sqrt(hd)).
- *     y = softmax(scale q k^T [+ mask]) v, shape of q, dtype of q (0 when Tk = 0);
- *     lse (..., Tq) float32: the log-sum-exp of each score row.
+ *     y = softmax(scale q k^T [+ mask]) v, contiguous, shape and dtype of q (0 when
+ *     Tk = 0); lse (..., Tq): the log-sum-exp of each score row, float32 (float64 for
+ *     float64 inputs).
  *   attention_backward(q, k, v, y, lse, gy) -> gq, gk, gv   (same attrs)
- * The T x T score matrix is never stored: the forward streams key tiles through shared
- * memory with an online softmax; the backward recomputes probabilities from lse, one
- * kernel for dq (a thread per query row) and one for dk, dv (a thread per key row), so
- * there are no atomics and results are deterministic. float32 and bfloat16 (float32
- * arithmetic); head dims up to 128. */
+ * float32, float64 and bfloat16; any head dim.
+ *
+ * Design: tensor-core GEMMs (cuBLAS strided-batched; bf16 in, float32 accumulate) with
+ * a fused softmax between them, over blocks of heads (and of query rows for very long
+ * sequences) so that the score blocks fit a fixed workspace (ATT_WORKSPACE):
+ *   forward   S = scale Q K^T (float32) -> P = softmax(S) (bf16), lse -> Y = P V
+ *   backward  S = scale Q K^T -> P = exp(S - lse) -> dV = P^T dY, dP = dY V^T
+ *             -> dS = P (dP - D), D = rowsum(dY Y) -> dQ = scale dS K, dK = scale dS^T Q
+ * Every score block is recomputed in backward from q, k and lse, as in the fused CPU
+ * kernel; nothing T x T outlives a call. Leading dims whose strides chain (for every
+ * operand) are merged, the last one is the GEMM batch, the others loop on the host
+ * (for (B, H, T, D) views of a (B, T, 3, H, D) tensor: B host steps of H heads); the
+ * grids have at most 2^31 - 1 blocks in x and 1 in y, so B H is not limited by
+ * gridDim.y (the old kernels' 65535). cuBLAS is deterministic for a given problem, and
+ * the softmax kernels reduce in a fixed tree, so results are reproducible.
+ * With a single row block (every sequence up to ~5k tokens at 12 heads), gk and gv are
+ * written once; longer ones accumulate the row blocks into gk and gv (beta = 1), in
+ * the output dtype.
+ *
+ * Cost: the causal mask is applied in the softmax, so the GEMMs compute the full
+ * T x T blocks (2x the FLOPs of the causal triangle), and the scores make a round trip
+ * through memory (a flash-attention kernel keeps them on chip). Estimate (from FLOPs
+ * and bytes, not measured) at GPT-2 small (B = 8, H = 12, T = 1024, hd = 64, bf16) on an
+ * H100/H200, per layer: forward GEMMs 2 x 2 x 96 x 1024^2 x 64 = 26 GFLOP (~0.05 ms at
+ * ~500 TFLOP/s) and ~1.2 GB of score traffic (S written and read in float32, P written
+ * and read in bf16: ~0.35 ms at ~3.5 TB/s); backward 5 GEMMs (~0.13 ms) and ~2.8 GB
+ * (~0.8 ms). About 1.3 ms per layer, ~16 ms per step for 12 layers: still the largest
+ * item of the step, against 30-60 ms for the old CUDA-core kernels (fp32 FMA, a thread
+ * per row, 255 registers with spills), and ~2-3 ms for a flash-attention kernel, which
+ * is the next step (cuDNN 9's fused attention is installed beside the toolkit). */
+#include <limits.h>
+
 #include "cuda_common.cuh"
 
-#define ATT_ROWS 64 /* threads (rows) per block, and key/query tile length */
+#define ATT_WORKSPACE ((size_t)256 << 20) /* bytes for the score blocks of one step */
 
-/* Dynamic shared memory above 48 KiB must be asked for per kernel. */
-template <class K>
-static int att_smem(rm_ctx *ctx, K kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return RM_OK;
-  return CU_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
-template <class T, int HD>
-__global__ void __launch_bounds__(ATT_ROWS)
-att_fwd_kernel(const T *q, const T *k, const T *v, T *y, float *lse, int64_t Tq, int64_t Tk, int hd,
-               float scale, bool causal) {
-  extern __shared__ float sm[];
-  float *Ks = sm, *Vs = sm + ATT_ROWS * HD;
-  int64_t bh = blockIdx.y, r = blockIdx.x * (int64_t)ATT_ROWS + threadIdx.x;
-  const T *qb = q + bh * Tq * hd, *kb = k + bh * Tk * hd, *vb = v + bh * Tk * hd;
-  bool valid = r < Tq;
-  float qr[HD], o[HD];
-#pragma unroll
-  for (int d = 0; d < HD; d++) {
-    qr[d] = (valid && d < hd) ? cu_ld(qb + r * hd + d) * scale : 0.f;
-    o[d] = 0.f;
-  }
-  float m = -INFINITY, l = 0.f;
-  int64_t off = Tk - Tq; /* causal: query r sees keys j <= r + off */
-  int64_t last = blockIdx.x * (int64_t)ATT_ROWS + ATT_ROWS - 1; /* last row of the block */
-  int64_t kend = causal ? (last + off + 1 < Tk ? last + off + 1 : Tk) : Tk;
-  for (int64_t k0 = 0; k0 < kend; k0 += ATT_ROWS) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < ATT_ROWS * HD; e += ATT_ROWS) {
-      int j = e / HD, d = e % HD;
-      bool in = k0 + j < Tk && d < hd;
-      Ks[e] = in ? cu_ld(kb + (k0 + j) * hd + d) : 0.f;
-      Vs[e] = in ? cu_ld(vb + (k0 + j) * hd + d) : 0.f;
-    }
-    __syncthreads();
-    if (!valid) continue;
-    int jn = (int)(Tk - k0 < ATT_ROWS ? Tk - k0 : ATT_ROWS);
-    if (causal && r + off - k0 + 1 < jn) jn = (int)(r + off - k0 + 1);
-    for (int j = 0; j < jn; j++) {
-      float s = 0.f;
-#pragma unroll
-      for (int d = 0; d < HD; d++) s += qr[d] * Ks[j * HD + d];
-      if (s > m) {
-        float alpha = __expf(m - s);
-        l *= alpha;
-#pragma unroll
-        for (int d = 0; d < HD; d++) o[d] *= alpha;
-        m = s;
-      }
-      float p = __expf(s - m);
-      l += p;
-#pragma unroll
-      for (int d = 0; d < HD; d++) o[d] += p * Vs[j * HD + d];
-    }
-  }
-  if (valid) {
-    float inv = l > 0.f ? 1.f / l : 0.f; /* no key (Tk = 0): y = 0 */
-#pragma unroll
-    for (int d = 0; d < HD; d++)
-      if (d < hd) cu_sv(y + (bh * Tq + r) * hd + d, o[d] * inv);
-    lse[bh * Tq + r] = m + logf(l);
-  }
-}
-
-/* D_i = sum_d gy_i[d] y_i[d] (the softmax-backward row term). */
-template <class T>
-__global__ void att_rowdot_kernel(const T *y, const T *gy, float *D, int64_t rows, int hd) {
-  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows;
-       r += (int64_t)gridDim.x * blockDim.x) {
-    float s = 0.f;
-    for (int d = 0; d < hd; d++) s += cu_ld(y + r * hd + d) * cu_ld(gy + r * hd + d);
-    D[r] = s;
-  }
-}
-
-/* dq_i = scale sum_j p_ij (dp_ij - D_i) k_j, p_ij = exp(scale q_i k_j - lse_i),
- * dp_ij = gy_i . v_j. A thread per query row; key tiles in shared memory. */
-template <class T, int HD>
-__global__ void __launch_bounds__(ATT_ROWS)
-att_dq_kernel(const T *q, const T *k, const T *v, const float *lse, const float *D, const T *gy, T *gq,
-              int64_t Tq, int64_t Tk, int hd, float scale, bool causal) {
-  extern __shared__ float sm[];
-  float *Ks = sm, *Vs = sm + ATT_ROWS * HD;
-  float *Qo = Vs + ATT_ROWS * HD, *Go = Qo + ATT_ROWS * (HD + 1); /* own rows, padded */
-  int64_t bh = blockIdx.y, r = blockIdx.x * (int64_t)ATT_ROWS + threadIdx.x;
-  const T *kb = k + bh * Tk * hd, *vb = v + bh * Tk * hd;
-  bool valid = r < Tq;
-  float *qo = Qo + threadIdx.x * (HD + 1), *go = Go + threadIdx.x * (HD + 1);
-  for (int d = 0; d < HD; d++) {
-    qo[d] = (valid && d < hd) ? cu_ld(q + (bh * Tq + r) * hd + d) * scale : 0.f;
-    go[d] = (valid && d < hd) ? cu_ld(gy + (bh * Tq + r) * hd + d) : 0.f;
-  }
-  float L = valid ? lse[bh * Tq + r] : 0.f, Dr = valid ? D[bh * Tq + r] : 0.f;
-  float dq[HD];
-#pragma unroll
-  for (int d = 0; d < HD; d++) dq[d] = 0.f;
-  int64_t off = Tk - Tq;
-  int64_t last = blockIdx.x * (int64_t)ATT_ROWS + ATT_ROWS - 1;
-  int64_t kend = causal ? (last + off + 1 < Tk ? last + off + 1 : Tk) : Tk;
-  for (int64_t k0 = 0; k0 < kend; k0 += ATT_ROWS) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < ATT_ROWS * HD; e += ATT_ROWS) {
-      int j = e / HD, d = e % HD;
-      bool in = k0 + j < Tk && d < hd;
-      Ks[e] = in ? cu_ld(kb + (k0 + j) * hd + d) : 0.f;
-      Vs[e] = in ? cu_ld(vb + (k0 + j) * hd + d) : 0.f;
-    }
-    __syncthreads();
-    if (!valid) continue;
-    int jn = (int)(Tk - k0 < ATT_ROWS ? Tk - k0 : ATT_ROWS);
-    if (causal && r + off - k0 + 1 < jn) jn = (int)(r + off - k0 + 1);
-    for (int j = 0; j < jn; j++) {
-      float s = 0.f, dp = 0.f;
-#pragma unroll
-      for (int d = 0; d < HD; d++) {
-        s += qo[d] * Ks[j * HD + d];
-        dp += go[d] * Vs[j * HD + d];
-      }
-      float ds = __expf(s - L) * (dp - Dr);
-#pragma unroll
-      for (int d = 0; d < HD; d++) dq[d] += ds * Ks[j * HD + d];
-    }
-  }
-  if (valid) {
-#pragma unroll
-    for (int d = 0; d < HD; d++)
-      if (d < hd) cu_sv(gq + (bh * Tq + r) * hd + d, dq[d] * scale);
-  }
-}
-
-/* dv_j = sum_i p_ij gy_i;  dk_j = scale sum_i p_ij (dp_ij - D_i) q_i. A thread per key
- * row; query tiles (q, gy, lse, D) in shared memory. */
-template <class T, int HD>
-__global__ void __launch_bounds__(ATT_ROWS)
-att_dkv_kernel(const T *q, const T *k, const T *v, const float *lse, const float *D, const T *gy, T *gk,
-               T *gv, int64_t Tq, int64_t Tk, int hd, float scale, bool causal) {
-  extern __shared__ float sm[];
-  float *Qs = sm, *Gs = sm + ATT_ROWS * HD, *Ls = Gs + ATT_ROWS * HD, *Ds = Ls + ATT_ROWS;
-  float *Ko = Ds + ATT_ROWS, *Vo = Ko + ATT_ROWS * (HD + 1);
-  int64_t bh = blockIdx.y, c = blockIdx.x * (int64_t)ATT_ROWS + threadIdx.x;
-  const T *qb = q + bh * Tq * hd, *gb = gy + bh * Tq * hd;
-  bool valid = c < Tk;
-  float *ko = Ko + threadIdx.x * (HD + 1), *vo = Vo + threadIdx.x * (HD + 1);
-  for (int d = 0; d < HD; d++) {
-    ko[d] = (valid && d < hd) ? cu_ld(k + (bh * Tk + c) * hd + d) : 0.f;
-    vo[d] = (valid && d < hd) ? cu_ld(v + (bh * Tk + c) * hd + d) : 0.f;
-  }
-  float dk[HD], dv[HD];
-#pragma unroll
-  for (int d = 0; d < HD; d++) dk[d] = dv[d] = 0.f;
-  int64_t off = Tk - Tq; /* causal: key c is seen by queries i >= c - off */
-  int64_t first = blockIdx.x * (int64_t)ATT_ROWS; /* first key of the block */
-  int64_t q0s = causal && first > off ? (first - off) / ATT_ROWS * ATT_ROWS : 0;
-  for (int64_t q0 = q0s; q0 < Tq; q0 += ATT_ROWS) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < ATT_ROWS * HD; e += ATT_ROWS) {
-      int i = e / HD, d = e % HD;
-      bool in = q0 + i < Tq && d < hd;
-      Qs[e] = in ? cu_ld(qb + (q0 + i) * hd + d) * scale : 0.f;
-      Gs[e] = in ? cu_ld(gb + (q0 + i) * hd + d) : 0.f;
-    }
-    if (q0 + threadIdx.x < Tq) {
-      Ls[threadIdx.x] = lse[bh * Tq + q0 + threadIdx.x];
-      Ds[threadIdx.x] = D[bh * Tq + q0 + threadIdx.x];
-    }
-    __syncthreads();
-    if (!valid) continue;
-    int in_ = (int)(Tq - q0 < ATT_ROWS ? Tq - q0 : ATT_ROWS);
-    int64_t ifirst = c - off - q0;
-    int i0 = (causal && ifirst > 0) ? (int)(ifirst < ATT_ROWS ? ifirst : ATT_ROWS) : 0;
-    for (int i = i0; i < in_; i++) {
-      float s = 0.f, dp = 0.f;
-#pragma unroll
-      for (int d = 0; d < HD; d++) {
-        s += Qs[i * HD + d] * ko[d];
-        dp += Gs[i * HD + d] * vo[d];
-      }
-      float p = __expf(s - Ls[i]);
-      float ds = p * (dp - Ds[i]);
-#pragma unroll
-      for (int d = 0; d < HD; d++) {
-        dv[d] += p * Gs[i * HD + d];
-        dk[d] += ds * Qs[i * HD + d]; /* Qs holds scale q: dk gets its scale here */
-      }
-    }
-  }
-  if (valid) {
-#pragma unroll
-    for (int d = 0; d < HD; d++)
-      if (d < hd) {
-        cu_sv(gk + (bh * Tk + c) * hd + d, dk[d]);
-        cu_sv(gv + (bh * Tk + c) * hd + d, dv[d]);
-      }
-  }
-}
+/* One (..., T, hd) operand: data, row stride, strides of the leading dims (elements).
+ * Columns are contiguous (a copy is made when they are not). */
+typedef struct att_mat {
+  char *p;
+  int64_t ld;
+  int64_t lst[RM_MAX_DIM];
+  void *scratch;   /* contiguous copy, if one was made */
+  size_t bytes;
+} att_mat;
 
 typedef struct att_geo {
-  int64_t bh, Tq, Tk;
-  int hd;
-  float scale;
+  int nl;                        /* leading dims after merging */
+  int64_t lshape[RM_MAX_DIM];
+  int64_t Tq, Tk, hd, off;       /* off = Tk - Tq: causal query i sees keys j <= i + off */
+  double scale;
   bool causal;
+  rm_dtype dt;
 } att_geo;
+
+static int att_mat_of(rm_ctx *ctx, const rm_tensor *t, att_mat *m) {
+  memset(m, 0, sizeof *m);
+  int n = t->ndim;
+  int64_t rows = t->shape[n - 2], cols = t->shape[n - 1];
+  bool ok = (cols <= 1 || t->stride[n - 1] == 1) && (rows <= 1 || t->stride[n - 2] >= cols);
+  const rm_tensor *src = t;
+  int64_t st[RM_MAX_DIM];
+  if (ok) {
+    m->p = (char *)cu_ptr(t);
+    for (int d = 0; d < n; d++) st[d] = t->stride[d];
+  } else {
+    const void *p = cu_contig_data(ctx, t, &m->scratch);
+    if (!p) return ctx->err_code;
+    m->p = (char *)p;
+    m->bytes = (size_t)cu_numel(t) * cu_dsize(t->dtype);
+    int64_t s = 1;
+    for (int d = n - 1; d >= 0; d--) st[d] = s, s *= src->shape[d];
+  }
+  m->ld = rows <= 1 ? (cols > 1 ? cols : 1) : st[n - 2];
+  if (m->ld < 1) m->ld = 1;
+  for (int d = 0; d < n - 2; d++) m->lst[d] = st[d];
+  return RM_OK;
+}
+
+static void att_mat_free(rm_ctx *ctx, att_mat *m) {
+  if (m->scratch) cu_scratch_free(ctx, m->scratch, m->bytes);
+  m->scratch = NULL;
+}
+
+/* Leading dims of q's shape, merged where every operand's strides chain; size-1 dims
+ * dropped. */
+static void att_collapse(att_geo *g, const rm_tensor *q, att_mat *const *mats, int nm) {
+  int n = q->ndim - 2;
+  g->nl = 0;
+  for (int d = 0; d < n; d++) {
+    if (q->shape[d] == 1) continue;
+    int k = g->nl;
+    bool merge = k > 0;
+    for (int i = 0; merge && i < nm; i++) merge = mats[i]->lst[k - 1] == mats[i]->lst[d] * q->shape[d];
+    if (merge) {
+      g->lshape[k - 1] *= q->shape[d];
+      for (int i = 0; i < nm; i++) mats[i]->lst[k - 1] = mats[i]->lst[d];
+    } else {
+      g->lshape[k] = q->shape[d];
+      for (int i = 0; i < nm; i++) mats[i]->lst[k] = mats[i]->lst[d];
+      g->nl++;
+    }
+  }
+  if (g->nl == 0) { /* one matrix: a batch of 1 */
+    g->nl = 1;
+    g->lshape[0] = 1;
+    for (int i = 0; i < nm; i++) mats[i]->lst[0] = 0;
+  }
+}
 
 static int att_geometry(rm_ctx *ctx, const char *op, rm_tensor *const *in, const rm_attrs *a, att_geo *g) {
   const rm_tensor *q = in[0], *k = in[1];
   if (q->ndim < 2 || k->ndim != q->ndim)
     return cu_fail(ctx, RM_ERR_SHAPE, "%s: q, k, v must be (..., T, head_dim) with the same rank", op);
-  g->hd = (int)q->shape[q->ndim - 1];
+  g->hd = q->shape[q->ndim - 1];
   g->Tq = q->shape[q->ndim - 2];
   g->Tk = k->shape[k->ndim - 2];
-  g->bh = 1;
-  for (int d = 0; d < q->ndim - 2; d++) g->bh *= q->shape[d];
+  g->off = g->Tk - g->Tq;
   g->causal = a->i[0] != 0;
-  g->scale = (float)(a->f[0] != 0 ? a->f[0] : 1.0 / sqrt((double)(g->hd ? g->hd : 1)));
-  if (g->hd > 128) return cu_fail(ctx, RM_ERR_SHAPE, "%s: head dim %d is larger than 128 (cuda)", op, g->hd);
-  if (q->dtype != RM_F32 && q->dtype != RM_BF16) return cu_bad_dtype(ctx, op, q->dtype);
+  g->scale = a->f[0] != 0 ? a->f[0] : 1.0 / sqrt((double)(g->hd ? g->hd : 1));
+  g->dt = q->dtype;
+  if (g->dt != RM_F32 && g->dt != RM_BF16 && g->dt != RM_F64) return cu_bad_dtype(ctx, op, g->dt);
+  if (g->Tq >= INT_MAX || g->Tk >= INT_MAX || g->hd >= INT_MAX)
+    return cu_fail(ctx, RM_ERR_SHAPE, "%s: dimensions beyond cuBLAS's int range", op);
   return RM_OK;
 }
 
-template <class T, int HD>
-static int att_fwd_launch(rm_ctx *ctx, const att_geo &g, const cu_inputs &ci, T *y, float *lse) {
-  size_t smem = (size_t)2 * ATT_ROWS * HD * sizeof(float);
-  int rc = att_smem(ctx, att_fwd_kernel<T, HD>, smem);
-  if (rc) return rc;
-  dim3 grid((unsigned)((g.Tq + ATT_ROWS - 1) / ATT_ROWS), (unsigned)g.bh);
-  att_fwd_kernel<T, HD><<<grid, ATT_ROWS, smem, cu_st(ctx)->stream>>>(
-      (const T *)ci.p[0], (const T *)ci.p[1], (const T *)ci.p[2], y, lse, g.Tq, g.Tk, g.hd, g.scale, g.causal);
-  return CU_LAUNCHED(ctx, "attention kernel");
+/* ---- GEMMs: row-major C_i = alpha op(A_i) op(B_i) + beta C_i (see matmul.cu) ---- */
+
+typedef struct att_types {
+  cudaDataType_t io, acc; /* operand type (the tensors) and score type */
+  cublasComputeType_t ct;
+  size_t es, as;          /* their sizes */
+} att_types;
+
+static att_types att_types_of(rm_dtype dt) {
+  att_types t;
+  if (dt == RM_F64) { t.io = t.acc = CUDA_R_64F; t.ct = CUBLAS_COMPUTE_64F; t.es = t.as = 8; }
+  else if (dt == RM_BF16) { t.io = CUDA_R_16BF; t.acc = CUDA_R_32F; t.ct = CUBLAS_COMPUTE_32F; t.es = 2; t.as = 4; }
+  else { t.io = t.acc = CUDA_R_32F; t.ct = CUBLAS_COMPUTE_32F; t.es = t.as = 4; }
+  return t;
+}
+
+static int att_gemm(rm_ctx *ctx, const att_types &ty, cudaDataType_t at, cudaDataType_t bt, cudaDataType_t ctp,
+                    bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int64_t lda,
+                    int64_t sA, const void *B, int64_t ldb, int64_t sB, double beta, void *C, int64_t ldc,
+                    int64_t sC, int64_t batch) {
+  if (M == 0 || N == 0 || batch == 0) return RM_OK;
+  float af = (float)alpha, bf = (float)beta;
+  const void *pa = &af, *pb = &bf;
+  if (ty.ct == CUBLAS_COMPUTE_64F) pa = &alpha, pb = &beta;
+  if (lda >= INT_MAX || ldb >= INT_MAX || ldc >= INT_MAX)
+    return cu_fail(ctx, RM_ERR_SHAPE, "attention: a row stride beyond cuBLAS's int range");
+  return CUBLAS_CHECK(ctx, cublasGemmStridedBatchedEx(
+      cu_st(ctx)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, pa,
+      B, bt, (int)ldb, (long long)sB, A, at, (int)lda, (long long)sA, pb, C, ctp, (int)ldc, (long long)sC,
+      (int)batch, ty.ct, CUBLAS_GEMM_DEFAULT));
+}
+
+/* ---- softmax kernels: one block per score row ---- */
+
+__device__ __forceinline__ float att_exp(float x) { return expf(x); }
+__device__ __forceinline__ double att_exp(double x) { return exp(x); }
+__device__ __forceinline__ float att_log(float x) { return logf(x); }
+__device__ __forceinline__ double att_log(double x) { return log(x); }
+
+/* Keys row i (of the block, query r0 + i) sees among the kn computed: [0, lim). */
+__device__ __forceinline__ int64_t att_lim(int64_t r, int64_t off, int64_t kn, bool causal) {
+  if (!causal) return kn;
+  int64_t l = r + off + 1;
+  return l < kn ? l : kn;
+}
+
+/* Forward: S (rows of kn, type A) -> P = softmax (type T, may alias S), lse. Row rr of
+ * the block is head rr / rows, local row rr % rows; lse of (head h, local row i) at
+ * lse[h * lse_h + i]. */
+template <class T, class A>
+__global__ void att_softmax_fwd(const A *S, T *P, A *lse, int64_t lse_h, int64_t nrows, int64_t rows, int64_t kn,
+                                int64_t r0, int64_t off, bool causal) {
+  __shared__ A sh[32];
+  for (int64_t rr = blockIdx.x; rr < nrows; rr += gridDim.x) {
+    int64_t h = rr / rows, i = rr % rows;
+    int64_t lim = att_lim(r0 + i, off, kn, causal);
+    const A *s = S + rr * kn;
+    A m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < lim; j += blockDim.x) m = s[j] > m ? s[j] : m;
+    m = cu_block_max(m, sh);
+    A sum = 0;
+    for (int64_t j = threadIdx.x; j < lim; j += blockDim.x) sum += att_exp(s[j] - m);
+    sum = cu_block_sum(sum, sh);
+    A l = m + att_log(sum);
+    T *p = P + rr * kn;
+    for (int64_t j = threadIdx.x; j < kn; j += blockDim.x) cu_sv(p + j, j < lim ? att_exp(s[j] - l) : (A)0);
+    if (threadIdx.x == 0) lse[h * lse_h + i] = l;
+    __syncthreads(); /* sh is reused by the next row */
+  }
+}
+
+/* Backward: P = exp(S - lse) (masked: 0), type T (may alias S). */
+template <class T, class A>
+__global__ void att_probs_bwd(const A *S, T *P, const A *lse, int64_t lse_h, int64_t nrows, int64_t rows,
+                              int64_t kn, int64_t r0, int64_t off, bool causal) {
+  for (int64_t rr = blockIdx.x; rr < nrows; rr += gridDim.x) {
+    int64_t h = rr / rows, i = rr % rows;
+    int64_t lim = att_lim(r0 + i, off, kn, causal);
+    A l = lse[h * lse_h + i];
+    const A *s = S + rr * kn;
+    T *p = P + rr * kn;
+    for (int64_t j = threadIdx.x; j < kn; j += blockDim.x) cu_sv(p + j, j < lim ? att_exp(s[j] - l) : (A)0);
+  }
+}
+
+/* Backward: dS = P (dP - D) in place of P (P of type T, dP of type A). */
+template <class T, class A>
+__global__ void att_dscores_bwd(T *P, const A *dP, const A *D, int64_t nrows, int64_t kn) {
+  for (int64_t rr = blockIdx.x; rr < nrows; rr += gridDim.x) {
+    A d = D[rr];
+    T *p = P + rr * kn;
+    const A *dp = dP + rr * kn;
+    for (int64_t j = threadIdx.x; j < kn; j += blockDim.x) cu_sv(p + j, (A)cu_ld(p + j) * (dp[j] - d));
+  }
+}
+
+/* D[h * rows + i] = sum_d gy[h, i, d] y[h, i, d] (the softmax-backward row term). */
+template <class T, class A>
+__global__ void att_rowdot(const T *y, int64_t ys, int64_t ldy, const T *gy, int64_t gs, int64_t ldg, int64_t nrows,
+                           int64_t rows, int64_t hd, A *D) {
+  __shared__ A sh[32];
+  for (int64_t rr = blockIdx.x; rr < nrows; rr += gridDim.x) {
+    int64_t h = rr / rows, i = rr % rows;
+    const T *yr = y + h * ys + i * ldy, *gr = gy + h * gs + i * ldg;
+    A s = 0;
+    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) s += (A)cu_ld(yr + d) * (A)cu_ld(gr + d);
+    s = cu_block_sum(s, sh);
+    if (threadIdx.x == 0) D[rr] = s;
+    __syncthreads();
+  }
+}
+
+template <class A>
+__global__ void att_fill(A *p, int64_t n, A v) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = v;
+}
+
+static unsigned att_grid(int64_t rows) { return (unsigned)(rows < (1 << 20) ? (rows > 0 ? rows : 1) : (1 << 20)); }
+
+/* ---- blocking ---- */
+
+/* Heads per block (nb) and query rows per block (rows) so that the score buffers fit
+ * ATT_WORKSPACE: bytes_per_score per (head, row, key). */
+static void att_blocks(const att_geo &g, size_t bytes_per_score, int64_t *nb, int64_t *rows) {
+  int64_t Lh = g.lshape[g.nl - 1];
+  double per_head = (double)g.Tq * (double)g.Tk * (double)bytes_per_score;
+  if (per_head <= (double)ATT_WORKSPACE) {
+    int64_t h = per_head > 0 ? (int64_t)((double)ATT_WORKSPACE / per_head) : Lh;
+    if (h > Lh) h = Lh;
+    if (h > 65535) h = 65535;
+    *nb = h < 1 ? 1 : h;
+    *rows = g.Tq;
+  } else {
+    *nb = 1;
+    int64_t r = (int64_t)((double)ATT_WORKSPACE / ((double)g.Tk * (double)bytes_per_score));
+    *rows = r < 1 ? 1 : r;
+  }
+}
+
+/* Element offset of outer index o (all merged leading dims but the last) in m. */
+static int64_t att_outer_off(const att_geo &g, const att_mat &m, int64_t o) {
+  int64_t off = 0;
+  for (int d = g.nl - 2; d >= 0; d--) {
+    off += (o % g.lshape[d]) * m.lst[d];
+    o /= g.lshape[d];
+  }
+  return off;
+}
+
+static int64_t att_outer_count(const att_geo &g) {
+  int64_t n = 1;
+  for (int d = 0; d < g.nl - 1; d++) n *= g.lshape[d];
+  return n;
+}
+
+/* ---- forward ---- */
+
+template <class T, class A>
+static int att_fwd(rm_ctx *ctx, const att_geo &g, att_mat *q, att_mat *k, att_mat *v, att_mat *y, A *lse) {
+  att_types ty = att_types_of(g.dt);
+  cudaStream_t st = cu_st(ctx)->stream;
+  bool alias = sizeof(T) == sizeof(A); /* P written over S */
+  int64_t nb, rows;
+  att_blocks(g, ty.as + (alias ? 0 : ty.es), &nb, &rows);
+  int64_t Lh = g.lshape[g.nl - 1], outer = att_outer_count(g), lh = Lh * g.Tq; /* lse per outer index */
+  size_t sbytes = (size_t)nb * rows * g.Tk * ty.as, pbytes = alias ? 0 : (size_t)nb * rows * g.Tk * ty.es;
+  A *S = (A *)cu_scratch(ctx, sbytes ? sbytes : 1);
+  if (!S) return ctx->err_code;
+  T *P = alias ? (T *)S : (T *)cu_scratch(ctx, pbytes ? pbytes : 1);
+  int rc = P ? RM_OK : ctx->err_code;
+  int threads = cu_row_threads(g.Tk, 256);
+  size_t es = ty.es;
+  for (int64_t o = 0; o < outer && !rc; o++) {
+    int64_t oq = att_outer_off(g, *q, o), ok = att_outer_off(g, *k, o), ov = att_outer_off(g, *v, o);
+    int64_t oy = att_outer_off(g, *y, o);
+    int64_t hq = q->lst[g.nl - 1], hk = k->lst[g.nl - 1], hv = v->lst[g.nl - 1], hy = y->lst[g.nl - 1];
+    for (int64_t h0 = 0; h0 < Lh && !rc; h0 += nb) {
+      int64_t n = Lh - h0 < nb ? Lh - h0 : nb;
+      for (int64_t r0 = 0; r0 < g.Tq && !rc; r0 += rows) {
+        int64_t nr = g.Tq - r0 < rows ? g.Tq - r0 : rows;
+        int64_t kn = g.causal ? (r0 + nr + g.off < g.Tk ? r0 + nr + g.off : g.Tk) : g.Tk;
+        const char *pq = q->p + (size_t)(oq + h0 * hq + r0 * q->ld) * es;
+        const char *pk = k->p + (size_t)(ok + h0 * hk) * es, *pv = v->p + (size_t)(ov + h0 * hv) * es;
+        char *py = y->p + (size_t)(oy + h0 * hy + r0 * y->ld) * es;
+        if (g.hd == 0) /* every score is 0 */
+          rc = CU_CHECK(ctx, cudaMemsetAsync(S, 0, (size_t)n * nr * kn * ty.as, st));
+        else
+          rc = att_gemm(ctx, ty, ty.io, ty.io, ty.acc, false, true, nr, kn, g.hd, g.scale, pq, q->ld, hq, pk, k->ld,
+                        hk, 0.0, S, kn, nr * kn, n);
+        if (rc) break;
+        att_softmax_fwd<T, A><<<att_grid(n * nr), threads, 0, st>>>(S, P, lse + o * lh + h0 * g.Tq + r0, g.Tq,
+                                                                     n * nr, nr, kn, r0, g.off, g.causal);
+        if ((rc = CU_LAUNCHED(ctx, "attention softmax kernel"))) break;
+        rc = att_gemm(ctx, ty, ty.io, ty.io, ty.io, false, false, nr, g.hd, kn, 1.0, P, kn, nr * kn, pv, v->ld, hv,
+                      0.0, py, y->ld, hy, n);
+      }
+    }
+  }
+  if (P && !alias) cu_scratch_free(ctx, P, pbytes ? pbytes : 1);
+  cu_scratch_free(ctx, S, sbytes ? sbytes : 1);
+  return rc;
 }
 
 RM_CUDA_KERNEL(attention) {
-  (void)nout;
+  (void)nout; (void)nin;
   att_geo g;
   if (att_geometry(ctx, "attention", in, a, &g)) return ctx->err_code;
-  if (g.bh * g.Tq == 0) return RM_OK;
-  cu_inputs ci;
-  int rc = cu_inputs_get(ctx, nin, in, &ci);
-  float *lse = (float *)cu_ptr(out[1]);
-  if (!rc) {
-    if (in[0]->dtype == RM_F32)
-      rc = g.hd <= 64 ? att_fwd_launch<float, 64>(ctx, g, ci, (float *)cu_ptr(out[0]), lse)
-                      : att_fwd_launch<float, 128>(ctx, g, ci, (float *)cu_ptr(out[0]), lse);
+  int64_t nlse = cu_numel(out[1]);
+  if (nlse == 0) return RM_OK; /* no query rows */
+  cudaStream_t st = cu_st(ctx)->stream;
+  if (g.Tk == 0) { /* no keys: y = 0, lse = -inf */
+    int rc = cu_fill(ctx, cu_ptr(out[0]), out[0]->dtype, cu_numel(out[0]), 0.0);
+    if (rc) return rc;
+    if (g.dt == RM_F64)
+      att_fill<double><<<cu_blocks(nlse), CU_THREADS, 0, st>>>((double *)cu_ptr(out[1]), nlse, -INFINITY);
     else
-      rc = g.hd <= 64 ? att_fwd_launch<__nv_bfloat16, 64>(ctx, g, ci, (__nv_bfloat16 *)cu_ptr(out[0]), lse)
-                      : att_fwd_launch<__nv_bfloat16, 128>(ctx, g, ci, (__nv_bfloat16 *)cu_ptr(out[0]), lse);
+      att_fill<float><<<cu_blocks(nlse), CU_THREADS, 0, st>>>((float *)cu_ptr(out[1]), nlse, -INFINITY);
+    return CU_LAUNCHED(ctx, "attention fill kernel");
   }
-  cu_inputs_free(ctx, &ci);
+  att_mat q, k, v, y;
+  int rc = att_mat_of(ctx, in[0], &q);
+  memset(&k, 0, sizeof k), memset(&v, 0, sizeof v);
+  if (!rc) rc = att_mat_of(ctx, in[1], &k);
+  if (!rc) rc = att_mat_of(ctx, in[2], &v);
+  if (!rc) rc = att_mat_of(ctx, out[0], &y);
+  if (!rc) {
+    att_mat *ms[4] = { &q, &k, &v, &y };
+    att_collapse(&g, in[0], ms, 4);
+    switch (g.dt) {
+    case RM_F32: rc = att_fwd<float, float>(ctx, g, &q, &k, &v, &y, (float *)cu_ptr(out[1])); break;
+    case RM_F64: rc = att_fwd<double, double>(ctx, g, &q, &k, &v, &y, (double *)cu_ptr(out[1])); break;
+    default: rc = att_fwd<__nv_bfloat16, float>(ctx, g, &q, &k, &v, &y, (float *)cu_ptr(out[1])); break;
+    }
+  }
+  att_mat_free(ctx, &q);
+  att_mat_free(ctx, &k);
+  att_mat_free(ctx, &v);
+  return rc;
+}
+
+/* ---- backward ---- */
+
+/* m[0..5] = q, k, v, y, gy, (lse unused here), m[6..8] = gq, gk, gv. */
+template <class T, class A>
+static int att_bwd(rm_ctx *ctx, const att_geo &g, att_mat *const *m, const A *lse) {
+  att_types ty = att_types_of(g.dt);
+  cudaStream_t st = cu_st(ctx)->stream;
+  att_mat *q = m[0], *k = m[1], *v = m[2], *y = m[3], *gy = m[4], *gq = m[6], *gk = m[7], *gv = m[8];
+  bool alias = sizeof(T) == sizeof(A);
+  int64_t nb, rows;
+  att_blocks(g, 2 * ty.as + (alias ? 0 : ty.es), &nb, &rows);
+  int64_t Lh = g.lshape[g.nl - 1], outer = att_outer_count(g), lh = Lh * g.Tq;
+  bool accumulate = rows < g.Tq; /* several row blocks add into gk, gv */
+  size_t sbytes = (size_t)nb * rows * g.Tk * ty.as, pbytes = alias ? 0 : (size_t)nb * rows * g.Tk * ty.es;
+  size_t dbytes = (size_t)nb * rows * ty.as;
+  A *S = (A *)cu_scratch(ctx, sbytes ? sbytes : 1);
+  A *dP = S ? (A *)cu_scratch(ctx, sbytes ? sbytes : 1) : NULL;
+  A *D = dP ? (A *)cu_scratch(ctx, dbytes ? dbytes : 1) : NULL;
+  T *P = !D ? NULL : alias ? (T *)S : (T *)cu_scratch(ctx, pbytes ? pbytes : 1);
+  int rc = P ? RM_OK : ctx->err_code;
+  size_t es = ty.es;
+  int threads = cu_row_threads(g.Tk, 256);
+  if (!rc && accumulate) { /* gk, gv are contiguous outputs */
+    rc = CU_CHECK(ctx, cudaMemsetAsync(gk->p, 0, (size_t)outer * Lh * g.Tk * g.hd * es, st));
+    if (!rc) rc = CU_CHECK(ctx, cudaMemsetAsync(gv->p, 0, (size_t)outer * Lh * g.Tk * g.hd * es, st));
+  }
+  for (int64_t o = 0; o < outer && !rc; o++) {
+    int64_t oq = att_outer_off(g, *q, o), ok = att_outer_off(g, *k, o), ov = att_outer_off(g, *v, o);
+    int64_t oy = att_outer_off(g, *y, o), og = att_outer_off(g, *gy, o);
+    int64_t ogq = att_outer_off(g, *gq, o), ogk = att_outer_off(g, *gk, o), ogv = att_outer_off(g, *gv, o);
+    int L = g.nl - 1;
+    int64_t hq = q->lst[L], hk = k->lst[L], hv = v->lst[L], hy = y->lst[L], hg = gy->lst[L];
+    int64_t hgq = gq->lst[L], hgk = gk->lst[L], hgv = gv->lst[L];
+    for (int64_t h0 = 0; h0 < Lh && !rc; h0 += nb) {
+      int64_t n = Lh - h0 < nb ? Lh - h0 : nb;
+      for (int64_t r0 = 0; r0 < g.Tq && !rc; r0 += rows) {
+        int64_t nr = g.Tq - r0 < rows ? g.Tq - r0 : rows;
+        int64_t kn = g.causal ? (r0 + nr + g.off < g.Tk ? r0 + nr + g.off : g.Tk) : g.Tk;
+        double beta = accumulate ? 1.0 : 0.0;
+        const char *pq = q->p + (size_t)(oq + h0 * hq + r0 * q->ld) * es;
+        const char *pk = k->p + (size_t)(ok + h0 * hk) * es, *pv = v->p + (size_t)(ov + h0 * hv) * es;
+        const char *py = y->p + (size_t)(oy + h0 * hy + r0 * y->ld) * es;
+        const char *pg = gy->p + (size_t)(og + h0 * hg + r0 * gy->ld) * es;
+        char *pgq = gq->p + (size_t)(ogq + h0 * hgq + r0 * gq->ld) * es;
+        char *pgk = gk->p + (size_t)(ogk + h0 * hgk) * es, *pgv = gv->p + (size_t)(ogv + h0 * hgv) * es;
+        /* D = rowsum(gy y) */
+        att_rowdot<T, A><<<att_grid(n * nr), 64, 0, st>>>((const T *)py, hy, y->ld, (const T *)pg, hg, gy->ld, n * nr,
+                                                          nr, g.hd, D);
+        if ((rc = CU_LAUNCHED(ctx, "attention backward row dots"))) break;
+        /* S = scale q k^T, P = exp(S - lse) */
+        if (g.hd == 0)
+          rc = CU_CHECK(ctx, cudaMemsetAsync(S, 0, (size_t)n * nr * kn * ty.as, st));
+        else
+          rc = att_gemm(ctx, ty, ty.io, ty.io, ty.acc, false, true, nr, kn, g.hd, g.scale, pq, q->ld, hq, pk, k->ld,
+                        hk, 0.0, S, kn, nr * kn, n);
+        if (rc) break;
+        att_probs_bwd<T, A><<<att_grid(n * nr), threads, 0, st>>>(S, P, lse + o * lh + h0 * g.Tq + r0, g.Tq, n * nr,
+                                                                   nr, kn, r0, g.off, g.causal);
+        if ((rc = CU_LAUNCHED(ctx, "attention backward probabilities"))) break;
+        /* dV (+)= P^T gy */
+        rc = att_gemm(ctx, ty, ty.io, ty.io, ty.io, true, false, kn, g.hd, nr, 1.0, P, kn, nr * kn, pg, gy->ld, hg,
+                      beta, pgv, gv->ld, hgv, n);
+        /* dP = gy v^T */
+        if (!rc)
+          rc = att_gemm(ctx, ty, ty.io, ty.io, ty.acc, false, true, nr, kn, g.hd, 1.0, pg, gy->ld, hg, pv, v->ld, hv,
+                        0.0, dP, kn, nr * kn, n);
+        if (!rc && g.hd == 0) rc = CU_CHECK(ctx, cudaMemsetAsync(dP, 0, (size_t)n * nr * kn * ty.as, st));
+        if (rc) break;
+        /* dS = P (dP - D), over P */
+        att_dscores_bwd<T, A><<<att_grid(n * nr), threads, 0, st>>>(P, dP, D, n * nr, kn);
+        if ((rc = CU_LAUNCHED(ctx, "attention backward score gradients"))) break;
+        /* dQ = scale dS k;  dK (+)= scale dS^T q */
+        rc = att_gemm(ctx, ty, ty.io, ty.io, ty.io, false, false, nr, g.hd, kn, g.scale, P, kn, nr * kn, pk, k->ld,
+                      hk, 0.0, pgq, gq->ld, hgq, n);
+        if (!rc)
+          rc = att_gemm(ctx, ty, ty.io, ty.io, ty.io, true, false, kn, g.hd, nr, g.scale, P, kn, nr * kn, pq, q->ld,
+                        hq, beta, pgk, gk->ld, hgk, n);
+      }
+    }
+  }
+  if (P && !alias) cu_scratch_free(ctx, P, pbytes ? pbytes : 1);
+  if (D) cu_scratch_free(ctx, D, dbytes ? dbytes : 1);
+  if (dP) cu_scratch_free(ctx, dP, sbytes ? sbytes : 1);
+  if (S) cu_scratch_free(ctx, S, sbytes ? sbytes : 1);
   return rc;
 }
 
 /* Inputs q, k, v, y, lse, gy; outputs gq, gk, gv. */
-template <class T, int HD>
-static int att_bwd_launch(rm_ctx *ctx, const att_geo &g, const cu_inputs &ci, rm_tensor *const *out) {
-  cudaStream_t st = cu_st(ctx)->stream;
-  size_t dbytes = (size_t)g.bh * g.Tq * sizeof(float);
-  float *D = dbytes ? (float *)cu_scratch(ctx, dbytes) : NULL;
-  if (dbytes && !D) return ctx->err_code;
-  const T *q = (const T *)ci.p[0], *k = (const T *)ci.p[1], *v = (const T *)ci.p[2];
-  const T *y = (const T *)ci.p[3], *gy = (const T *)ci.p[5];
-  const float *lse = (const float *)ci.p[4];
-  int rc = RM_OK;
-  if (dbytes) {
-    att_rowdot_kernel<T><<<cu_blocks(g.bh * g.Tq), CU_THREADS, 0, st>>>(y, gy, D, g.bh * g.Tq, g.hd);
-    rc = CU_LAUNCHED(ctx, "attention backward (row dots)");
-  }
-  size_t smem_q = (size_t)(2 * ATT_ROWS * HD + 2 * ATT_ROWS * (HD + 1)) * sizeof(float);
-  size_t smem_k = (size_t)(2 * ATT_ROWS * HD + 2 * ATT_ROWS + 2 * ATT_ROWS * (HD + 1)) * sizeof(float);
-  if (!rc) rc = att_smem(ctx, att_dq_kernel<T, HD>, smem_q);
-  if (!rc) rc = att_smem(ctx, att_dkv_kernel<T, HD>, smem_k);
-  if (!rc && g.Tq) {
-    dim3 grid((unsigned)((g.Tq + ATT_ROWS - 1) / ATT_ROWS), (unsigned)g.bh);
-    att_dq_kernel<T, HD><<<grid, ATT_ROWS, smem_q, st>>>(q, k, v, lse, D, gy, (T *)cu_ptr(out[0]), g.Tq, g.Tk,
-                                                         g.hd, g.scale, g.causal);
-    rc = CU_LAUNCHED(ctx, "attention backward (dq)");
-  }
-  if (!rc && g.Tk) {
-    dim3 grid((unsigned)((g.Tk + ATT_ROWS - 1) / ATT_ROWS), (unsigned)g.bh);
-    att_dkv_kernel<T, HD><<<grid, ATT_ROWS, smem_k, st>>>(q, k, v, lse, D, gy, (T *)cu_ptr(out[1]),
-                                                          (T *)cu_ptr(out[2]), g.Tq, g.Tk, g.hd, g.scale,
-                                                          g.causal);
-    rc = CU_LAUNCHED(ctx, "attention backward (dk, dv)");
-  }
-  if (D) cu_scratch_free(ctx, D, dbytes);
-  return rc;
-}
-
 RM_CUDA_KERNEL(attention_backward) {
   (void)nout;
   att_geo g;
   if (att_geometry(ctx, "attention_backward", in, a, &g)) return ctx->err_code;
   if (nin != 6) return cu_fail(ctx, RM_ERR_ARG, "attention_backward: takes q, k, v, y, lse, gy");
-  if (g.bh == 0) return RM_OK;
-  cu_inputs ci;
-  int rc = cu_inputs_get(ctx, nin, in, &ci);
-  if (!rc) {
-    if (in[0]->dtype == RM_F32)
-      rc = g.hd <= 64 ? att_bwd_launch<float, 64>(ctx, g, ci, out) : att_bwd_launch<float, 128>(ctx, g, ci, out);
-    else
-      rc = g.hd <= 64 ? att_bwd_launch<__nv_bfloat16, 64>(ctx, g, ci, out)
-                      : att_bwd_launch<__nv_bfloat16, 128>(ctx, g, ci, out);
+  int64_t nqrows = cu_numel(in[4]);
+  if (nqrows == 0 || g.Tk == 0) { /* no query rows (gk = gv = 0) or no keys (gq = 0) */
+    int rc = RM_OK;
+    for (int j = 0; j < 3 && !rc; j++)
+      if (cu_numel(out[j])) rc = cu_fill(ctx, cu_ptr(out[j]), out[j]->dtype, cu_numel(out[j]), 0.0);
+    return rc;
   }
-  cu_inputs_free(ctx, &ci);
+  att_mat m[9];
+  memset(m, 0, sizeof m);
+  int rc = RM_OK;
+  for (int i = 0; i < 6 && !rc; i++)
+    if (i != 4) rc = att_mat_of(ctx, in[i], &m[i]);
+  for (int j = 0; j < 3 && !rc; j++) rc = att_mat_of(ctx, out[j], &m[6 + j]);
+  if (!rc) {
+    att_mat *ms[8] = { &m[0], &m[1], &m[2], &m[3], &m[5], &m[6], &m[7], &m[8] };
+    att_collapse(&g, in[0], ms, 8);
+    att_mat *mm[9] = { &m[0], &m[1], &m[2], &m[3], &m[5], NULL, &m[6], &m[7], &m[8] };
+    const void *lse = cu_ptr(in[4]);
+    void *lse_copy = NULL;
+    if (!cu_contig(in[4]) && !(lse = cu_contig_data(ctx, in[4], &lse_copy))) rc = ctx->err_code;
+    if (!rc) switch (g.dt) {
+    case RM_F32: rc = att_bwd<float, float>(ctx, g, mm, (const float *)lse); break;
+    case RM_F64: rc = att_bwd<double, double>(ctx, g, mm, (const double *)lse); break;
+    default: rc = att_bwd<__nv_bfloat16, float>(ctx, g, mm, (const float *)lse); break;
+    }
+    if (lse_copy) cu_scratch_free(ctx, lse_copy, (size_t)nqrows * cu_dsize(in[4]->dtype));
+  }
+  for (int i = 0; i < 9; i++) att_mat_free(ctx, &m[i]);
   return rc;
 }

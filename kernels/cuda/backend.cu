@@ -9,13 +9,33 @@
  * the stream orders them. When cudaMalloc fails the cache is emptied and the call
  * retried once; after that the accounted allocator (core/alloc.c) reports the
  * out-of-memory error (and runs its collect-then-retry). */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_common.cuh"
 
-#define X(ID, name, family) RM_CUDA_KERNEL(name) __attribute__((weak));
+/* Every op but the views needs its kernel, named by family as in kernels/cpu/backend.c:
+ * a missing one is an undefined symbol, and the library is linked with --no-undefined
+ * (Makefile), so it fails to link (a new family must be listed here to compile). */
+#define CU_FAMILY_view(X_)
+#define CU_FAMILY_ANY(X_) X_
+#define CU_FAMILY_elementwise CU_FAMILY_ANY
+#define CU_FAMILY_random CU_FAMILY_ANY
+#define CU_FAMILY_reduce CU_FAMILY_ANY
+#define CU_FAMILY_matmul CU_FAMILY_ANY
+#define CU_FAMILY_norm CU_FAMILY_ANY
+#define CU_FAMILY_index CU_FAMILY_ANY
+#define CU_FAMILY_loss CU_FAMILY_ANY
+#define CU_FAMILY_optim CU_FAMILY_ANY
+#define CU_FAMILY_attention CU_FAMILY_ANY
+
+#define X(ID, name, family) CU_FAMILY_##family(RM_CUDA_KERNEL(name);)
 #include "../../core/ops.def"
 #undef X
+
+int cu_lt_init(rm_ctx *ctx, cu_state *st);  /* matmul.cu */
+void cu_lt_shutdown(cu_state *st);
 
 /* ---- size classes and the cache ---- */
 
@@ -136,10 +156,23 @@ static int cuda_init(rm_ctx *ctx, void **state) {
   }
   if (!rc) rc = CUBLAS_CHECK(ctx, cublasCreate(&st->blas));
   if (!rc) rc = CUBLAS_CHECK(ctx, cublasSetStream(st->blas, st->stream));
+  if (!rc) rc = cu_lt_init(ctx, st);
+  if (!rc) rc = CU_CHECK(ctx, cudaMalloc((void **)&st->checks, CU_MAX_CHECKS * sizeof(cu_check_slot)));
+  if (!rc) rc = CU_CHECK(ctx, cudaMemsetAsync(st->checks, 0xff, CU_MAX_CHECKS * sizeof(cu_check_slot), st->stream));
+  const char *env = getenv("REMAT_CUDA_SYNC");
+  st->sync_each = env && *env && strcmp(env, "0") != 0;
+  env = getenv("REMAT_CUDA_PROFILE");
+  st->profile = env && *env && strcmp(env, "0") != 0;
+  if (!rc && st->profile) rc = CU_CHECK(ctx, cudaEventCreate(&st->ev[0]));
+  if (!rc && st->profile) rc = CU_CHECK(ctx, cudaEventCreate(&st->ev[1]));
   if (rc) {
     /* keep the reason, but say it the way callers expect */
     char why[sizeof ctx->err];
     snprintf(why, sizeof why, "%s", ctx->err);
+    if (st->ev[0]) cudaEventDestroy(st->ev[0]);
+    if (st->ev[1]) cudaEventDestroy(st->ev[1]);
+    if (st->checks) cudaFree(st->checks);
+    cu_lt_shutdown(st);
     if (st->blas) cublasDestroy(st->blas);
     if (st->stream) cudaStreamDestroy(st->stream);
     host_free(ctx, st, sizeof *st);
@@ -159,6 +192,10 @@ static void cuda_shutdown(rm_ctx *ctx, void *state) {
     host_free(ctx, k, sizeof *k);
     k = next;
   }
+  if (st->ev[0]) cudaEventDestroy(st->ev[0]);
+  if (st->ev[1]) cudaEventDestroy(st->ev[1]);
+  cudaFree(st->checks);
+  cu_lt_shutdown(st);
   cublasDestroy(st->blas);
   cudaStreamDestroy(st->stream);
   host_free(ctx, st, sizeof *st);
@@ -171,11 +208,86 @@ static void *cuda_malloc(rm_ctx *ctx, size_t bytes) {
 
 static void cuda_free(rm_ctx *ctx, void *p, size_t bytes) { cu_release(ctx, cu_st(ctx), p, bytes); }
 
-static int cuda_to_host(rm_ctx *ctx, void *dst, const void *src, size_t n) {
+/* ---- deferred index checks (see cu_check_indices) ---- */
+
+/* Reads the check slots (the stream must be idle: called right after a synchronisation),
+ * resets them, and reports the first failed check in queue order. */
+static int cu_checks_flush(rm_ctx *ctx, cu_state *st) {
+  int n = st->nchecks;
   if (!n) return RM_OK;
+  cu_check_slot h[CU_MAX_CHECKS];
+  int rc = CU_CHECK(ctx, cudaMemcpy(h, st->checks, (size_t)n * sizeof *h, cudaMemcpyDeviceToHost));
+  if (!rc) rc = CU_CHECK(ctx, cudaMemsetAsync(st->checks, 0xff, (size_t)n * sizeof *h, st->stream));
+  st->nchecks = 0;
+  if (rc) return rc;
+  for (int i = 0; i < n; i++) {
+    if (h[i].pos == ~0ull) continue;
+    const cu_check_info *ci = &st->check_info[i];
+    double v = h[i].val;
+    if (v != v) v = NAN; /* print "nan", not "-nan" */
+    char where[96];
+    if (ci->dim >= 0)
+      snprintf(where, sizeof where, "dimension %d, position %llu", ci->dim + 1, h[i].pos + 1);
+    else
+      snprintf(where, sizeof where, "%s %llu", ci->dim == CU_WHERE_ROW ? "row" : "position", h[i].pos + 1);
+    const char *kind = v == floor(v) ? "is out of range" : "is not a whole number in";
+    return cu_fail(ctx, RM_ERR_ARG, "%s: %s %.17g %s 1..%lld (%s; found on cuda at the next synchronisation)",
+                   ci->op, ci->what, v, kind, (long long)ci->size, where);
+  }
+  return RM_OK;
+}
+
+/* Waits for the stream, then reports a queued index check that failed. */
+static int cu_sync_checked(rm_ctx *ctx, cu_state *st) {
+  int rc = CU_CHECK(ctx, cudaStreamSynchronize(st->stream));
+  return rc ? rc : cu_checks_flush(ctx, st);
+}
+
+__global__ void ix_check_kernel(const void *p, rm_dtype dt, int64_t n, int64_t size, cu_check_slot *slot) {
+  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
+    double v = dt == RM_F64 ? ((const double *)p)[k]
+             : dt == RM_BF16 ? (double)__bfloat162float(((const __nv_bfloat16 *)p)[k])
+                             : (double)((const float *)p)[k];
+    if (!cu_ix_ok(v, size)) atomicMin(&slot->pos, (unsigned long long)k);
+  }
+}
+
+/* Runs after ix_check_kernel on the same stream: records the value at the first bad
+ * position while the index data is still alive (stream order). */
+__global__ void ix_check_value_kernel(const void *p, rm_dtype dt, cu_check_slot *slot) {
+  unsigned long long k = slot->pos;
+  if (k == ~0ull) return;
+  slot->val = dt == RM_F64 ? ((const double *)p)[k]
+            : dt == RM_BF16 ? (double)__bfloat162float(((const __nv_bfloat16 *)p)[k])
+                            : (double)((const float *)p)[k];
+}
+
+int cu_check_indices(rm_ctx *ctx, const char *op, const char *what, const rm_tensor *idx, const void *p,
+                     int64_t size, int dim) {
+  int64_t n = cu_numel(idx);
+  if (n == 0) return RM_OK;
+  if (idx->dtype != RM_F32 && idx->dtype != RM_F64 && idx->dtype != RM_BF16)
+    return cu_fail(ctx, RM_ERR_DTYPE, "%s: %ss must be float32, float64 or bfloat16 (got %s)", op, what,
+                   cu_dname(idx->dtype));
   cu_state *st = cu_st(ctx);
-  int rc = CU_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st->stream));
-  return rc ? rc : CU_CHECK(ctx, cudaStreamSynchronize(st->stream));
+  if (st->nchecks == CU_MAX_CHECKS) { /* every slot in use: drain once, then start over */
+    int rc = cu_sync_checked(ctx, st);
+    if (rc) return rc;
+  }
+  int i = st->nchecks++;
+  st->check_info[i].op = op;
+  st->check_info[i].what = what;
+  st->check_info[i].size = size;
+  st->check_info[i].dim = dim;
+  ix_check_kernel<<<cu_blocks(n), CU_THREADS, 0, st->stream>>>(p, idx->dtype, n, size, st->checks + i);
+  ix_check_value_kernel<<<1, 1, 0, st->stream>>>(p, idx->dtype, st->checks + i);
+  return CU_LAUNCHED(ctx, "index check kernel");
+}
+
+static int cuda_to_host(rm_ctx *ctx, void *dst, const void *src, size_t n) {
+  cu_state *st = cu_st(ctx);
+  int rc = n ? CU_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st->stream)) : RM_OK;
+  return rc ? rc : cu_sync_checked(ctx, st);
 }
 
 static int cuda_from_host(rm_ctx *ctx, void *dst, const void *src, size_t n) {
@@ -183,10 +295,58 @@ static int cuda_from_host(rm_ctx *ctx, void *dst, const void *src, size_t n) {
   cu_state *st = cu_st(ctx);
   int rc = CU_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st->stream));
   /* synchronous: the caller may free or reuse src as soon as we return */
-  return rc ? rc : CU_CHECK(ctx, cudaStreamSynchronize(st->stream));
+  return rc ? rc : cu_sync_checked(ctx, st);
 }
 
-static int cuda_sync(rm_ctx *ctx) { return CU_CHECK(ctx, cudaStreamSynchronize(cu_st(ctx)->stream)); }
+static int cuda_sync(rm_ctx *ctx) { return cu_sync_checked(ctx, cu_st(ctx)); }
+
+/* ---- every op goes through here: REMAT_CUDA_SYNC and REMAT_CUDA_PROFILE ---- */
+
+static int cu_run(rm_ctx *ctx, rm_op_id op, const char *name, rm_kernel_fn k, int nin, rm_tensor *const *in,
+                  int nout, rm_tensor *const *out, const rm_attrs *a) {
+  cu_state *st = cu_st(ctx);
+  if (!st || (!st->sync_each && !st->profile)) return k(ctx, nin, in, nout, out, a);
+  int rc = RM_OK;
+  if (st->profile) rc = CU_CHECK(ctx, cudaEventRecord(st->ev[0], st->stream));
+  if (!rc) rc = k(ctx, nin, in, nout, out, a);
+  if (!rc && st->profile) rc = CU_CHECK(ctx, cudaEventRecord(st->ev[1], st->stream));
+  if (rc) return rc;
+  cudaError_t e = cudaStreamSynchronize(st->stream);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cu_fail(ctx, RM_ERR_RUNTIME, "CUDA error in op %s (found by synchronising after it): %s (%s)", name,
+                   cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  if (st->profile) {
+    float ms = 0;
+    if ((rc = CU_CHECK(ctx, cudaEventElapsedTime(&ms, st->ev[0], st->ev[1])))) return rc;
+    st->prof_ms[op] += ms;
+    st->prof_calls[op]++;
+  }
+  return st->sync_each ? cu_checks_flush(ctx, st) : RM_OK;
+}
+
+#define X(ID, name, family)                                                          \
+  CU_FAMILY_##family(                                                                \
+  static int run_##name(rm_ctx *ctx, int nin, rm_tensor *const *in, int nout,       \
+                        rm_tensor *const *out, const rm_attrs *a) {                 \
+    return cu_run(ctx, RM_OP_##ID, #name, cuk_##name, nin, in, nout, out, a);       \
+  })
+#include "../../core/ops.def"
+#undef X
+
+/* Per-op GPU milliseconds and calls since the last reset (REMAT_CUDA_PROFILE=1; RM_OP_COUNT
+ * entries each). Returns 0 when profiling is off (arrays untouched), 1 otherwise. */
+static int cuda_profile(rm_ctx *ctx, double *ms, int64_t *calls, bool reset) {
+  cu_state *st = cu_st(ctx);
+  if (!st || !st->profile) return 0;
+  for (int i = 0; i < RM_OP_COUNT; i++) {
+    if (ms) ms[i] = st->prof_ms[i];
+    if (calls) calls[i] = st->prof_calls[i];
+    if (reset) st->prof_ms[i] = 0, st->prof_calls[i] = 0;
+  }
+  return 1;
+}
 
 /* ---- scratch for the kernels ---- */
 
@@ -228,11 +388,12 @@ static rm_backend make_table(void) {
   b.reserved = rm_cuda_reserved;
   b.empty_cache = rm_cuda_empty_cache;
   b.device_info = rm_cuda_device_info;
+  b.profile = cuda_profile;
   b.flops_per_byte = 100.0; /* H200: ~500 TFLOP/s reachable bf16 GEMM over 4.8 TB/s */
   b.supports_dtype[RM_F32] = true;
   b.supports_dtype[RM_F64] = true;
   b.supports_dtype[RM_BF16] = true;
-#define X(ID, name, family) b.kernel[RM_OP_##ID] = cuk_##name;
+#define X(ID, name, family) CU_FAMILY_##family(b.kernel[RM_OP_##ID] = run_##name;)
 #include "../../core/ops.def"
 #undef X
   return b;

@@ -7,7 +7,15 @@
  *
  * Dtypes: float32, float64 (so the float64 specs run too) and bfloat16 (storage only:
  * arithmetic in float32). Everything runs on one stream per context (the state's
- * `stream`), which makes the caching allocator stream-ordered for free. */
+ * `stream`), which makes the caching allocator stream-ordered for free.
+ *
+ * Debug and timing modes, read from the environment when a context starts:
+ *   REMAT_CUDA_SYNC=1     synchronise after every launch and every op: an asynchronous
+ *                         fault is reported under the kernel and op that caused it, and
+ *                         index checks fail at the op call (as on the CPU);
+ *   REMAT_CUDA_PROFILE=1  time every op with CUDA events (synchronising after each op,
+ *                         so the events bracket that op's GPU work alone); the totals are
+ *                         read with the backend's `profile` entry (remat.cuda.profile()). */
 #ifndef REMAT_CUDA_COMMON_CUH
 #define REMAT_CUDA_COMMON_CUH
 
@@ -42,10 +50,41 @@ typedef struct cu_block {
 
 #define CU_BUCKETS 1024
 
+/* Index and label checks run on the device without waiting: each check owns a slot
+ * (first bad position and its value, written by the device) and the host remembers
+ * what to say about it; the slots are read at the next synchronisation (to_host,
+ * synchronize), which reports the first failure (backend.cu: cu_checks_flush). */
+#define CU_MAX_CHECKS 256
+#define CU_WHERE_POSITION (-1) /* "(position p)": a flat index list */
+#define CU_WHERE_ROW (-2)      /* "(row p)": one label per row */
+
+typedef struct cu_check_slot {
+  unsigned long long pos; /* ~0: no bad value */
+  double val;
+} cu_check_slot;
+
+typedef struct cu_check_info {
+  const char *op;   /* a string literal (op name) */
+  const char *what; /* "index" or "label" */
+  int64_t size;     /* valid range 1..size */
+  int dim;          /* dim of the indexed tensor, or CU_WHERE_POSITION / CU_WHERE_ROW */
+} cu_check_info;
+
 typedef struct cu_state {
   int device;
   cudaStream_t stream;
   cublasHandle_t blas;
+  void *lt;                      /* cublasLtHandle_t (matmul.cu) */
+  void *lt_ws;                   /* cublasLt workspace (device) */
+  size_t lt_ws_bytes;
+  bool sync_each;                /* REMAT_CUDA_SYNC */
+  bool profile;                  /* REMAT_CUDA_PROFILE */
+  cudaEvent_t ev[2];
+  double prof_ms[RM_OP_COUNT];
+  int64_t prof_calls[RM_OP_COUNT];
+  cu_check_slot *checks;         /* device: CU_MAX_CHECKS slots */
+  cu_check_info check_info[CU_MAX_CHECKS];
+  int nchecks;                   /* slots in use since the last flush */
   cu_block *bucket[CU_BUCKETS];  /* cached free blocks, chained by size-class hash */
   cu_block *spare;               /* recycled list nodes */
   size_t reserved;               /* bytes obtained from cudaMalloc and not yet freed */
@@ -53,8 +92,6 @@ typedef struct cu_state {
   char name[256];
   size_t total_mem;
 } cu_state;
-
-static inline cu_state *cu_st(rm_ctx *ctx) { return (cu_state *)ctx->backend_state[RM_CUDA]; }
 
 /* ---- errors (written straight into the context: no core symbol) ---- */
 
@@ -85,8 +122,22 @@ static inline int cublas_check(rm_ctx *ctx, cublasStatus_t s, const char *call) 
 
 #define CU_CHECK(ctx, call) cu_check((ctx), (call), #call)
 #define CUBLAS_CHECK(ctx, call) cublas_check((ctx), (call), #call)
-/* After a launch: reports a bad configuration (async faults surface at the next sync). */
-#define CU_LAUNCHED(ctx, what) cu_check((ctx), cudaGetLastError(), what)
+
+static inline cu_state *cu_st(rm_ctx *ctx) { return (cu_state *)ctx->backend_state[RM_CUDA]; }
+
+/* After a launch: reports a bad configuration. Asynchronous faults surface at the next
+ * synchronisation, except under REMAT_CUDA_SYNC=1, which waits here and names `what`. */
+static inline int cu_launched(rm_ctx *ctx, const char *what) {
+  int rc = cu_check(ctx, cudaGetLastError(), what);
+  cu_state *st = cu_st(ctx);
+  if (rc || !st || !st->sync_each) return rc;
+  cudaError_t e = cudaStreamSynchronize(st->stream);
+  if (e == cudaSuccess) return RM_OK;
+  (void)cudaGetLastError();
+  return cu_fail(ctx, RM_ERR_RUNTIME, "CUDA error in %s (found by REMAT_CUDA_SYNC=1 right after the launch): %s (%s)",
+                 what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+#define CU_LAUNCHED(ctx, what) cu_launched((ctx), (what))
 
 /* ---- tensors (header-only copies of the core helpers) ---- */
 
@@ -171,6 +222,8 @@ __device__ __forceinline__ float cu_ld(const __nv_bfloat16 *p) { return __bfloat
 __device__ __forceinline__ void cu_sv(float *p, float v) { *p = v; }
 __device__ __forceinline__ void cu_sv(double *p, double v) { *p = v; }
 __device__ __forceinline__ void cu_sv(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+/* float64 -> bfloat16 in one rounding (through float32 would round twice) */
+__device__ __forceinline__ void cu_sv(__nv_bfloat16 *p, double v) { *p = __double2bfloat16(v); }
 
 /* Calls F.template operator()<T>() for the tensor dtype (float32, float64, bfloat16). */
 #define CU_DISPATCH(ctx, opname, dt, ...)                                          \
@@ -253,10 +306,18 @@ const void *cu_contig_data(rm_ctx *ctx, const rm_tensor *t, void **scratch);
 /* Strided copy (with dtype conversion) of src into contiguous dst of the same shape. */
 int cu_copy_strided(rm_ctx *ctx, const rm_tensor *src, void *dst, rm_dtype dst_dtype);
 
-/* First index value of idx (contiguous data p) that is not a whole number in 1..size:
- * *pos its position (-1: none), *val its value (index.cu; also used for labels). */
-int cu_first_bad_index(rm_ctx *ctx, const char *op, const rm_tensor *idx, const void *p,
-                       int64_t size, int64_t *pos, double *val);
+/* Queues a check of idx (contiguous data p): every value must be a whole number in
+ * 1..size. Nothing waits: the first bad value is reported at the next synchronisation
+ * ("<op>: <what> 7 is out of range 1..5 (dimension d, position p)"; dim may be
+ * CU_WHERE_POSITION or CU_WHERE_ROW instead).
+ * Kernels that read indices must stay in bounds for bad values (cu_ix_ok). */
+int cu_check_indices(rm_ctx *ctx, const char *op, const char *what, const rm_tensor *idx,
+                     const void *p, int64_t size, int dim);
+
+/* Whether v is a whole number in 1..size (the device side of cu_check_indices). */
+__device__ __forceinline__ bool cu_ix_ok(double v, int64_t size) {
+  return v >= 1 && v <= (double)size && v == floor(v);
+}
 
 /* Fills n elements of dtype dt at p with v. */
 int cu_fill(rm_ctx *ctx, void *p, rm_dtype dt, int64_t n, double v);

@@ -2,9 +2,19 @@
  *   cross_entropy(logits (N, C), labels (N)) -> mean of lse(row) - row[label]
  *   cross_entropy_backward(logits, labels, g) -> (softmax(row) - onehot) * g / N
  *   mse(pred, target) -> mean of (pred - target)^2
- * Fused: one block per row computes the log-sum-exp (double) and the row's loss or
- * gradient; the probabilities are never stored. Means sum per-row values in a fixed
- * tree (reproducible). Labels are checked on the device like indices (index.cu). */
+ * Cross-entropy: one block per row finds the log-sum-exp in a single pass over the row
+ * (online max and rescaled sum, float32 for float32/bfloat16 as the CPU's float32 path,
+ * float64 for float64); the forward reads the logits once, the backward twice (lse, then
+ * the gradient row). The probabilities are never stored. Means sum per-row values in a
+ * fixed tree (reproducible). Labels are checked on the device like indices, without
+ * waiting (a bad label is reported at the next synchronisation; its row's loss is NaN
+ * and its gradient row has no -1 term).
+ * Estimate (from bytes, not measured) at GPT-2 small (8192 x 50257 bf16 logits, 823 MB)
+ * on an H100/H200 at ~3.5 TB/s achieved: forward 1 read ~0.24 ms, backward 2 reads and
+ * 1 write ~0.7 ms; before: 5 reads of the logits and 3 float64 exps per element (float64
+ * runs at 1/2 to 1/64 the float32 rate), several ms. Writing dlogits from the forward
+ * (one pass in all) needs the op to keep them, which it does not (they are as large as
+ * the logits). */
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -17,28 +27,57 @@ __device__ __forceinline__ double lab_val(const void *p, rm_dtype dt, int64_t k)
   }
 }
 
-/* lse of row (every thread gets it). */
-template <class T>
-__device__ double row_lse(const T *row, int64_t C, double *sh) {
-  double m = -INFINITY, s = 0;
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-    double v = (double)cu_ld(row + j);
-    if (v > m) m = v;
+__device__ __forceinline__ float ce_exp(float x) { return expf(x); }
+__device__ __forceinline__ double ce_exp(double x) { return exp(x); }
+__device__ __forceinline__ float ce_log(float x) { return logf(x); }
+__device__ __forceinline__ double ce_log(double x) { return log(x); }
+
+/* Running (max, sum of exp(x - max)) pairs: one element, and two pairs merged. A -inf
+ * element adds nothing; a NaN makes the sum NaN. */
+template <class A> __device__ __forceinline__ void ms_add(A &m, A &s, A v) {
+  if (v == (A)-INFINITY) return;
+  if (v > m) { s = s * ce_exp(m - v) + (A)1; m = v; }
+  else s += ce_exp(v - m);
+}
+
+template <class A> __device__ __forceinline__ void ms_merge(A &m, A &s, A m2, A s2) {
+  A mm = m2 > m ? m2 : m;
+  if (mm == (A)-INFINITY) return; /* both empty */
+  s = (s != (A)0 ? s * ce_exp(m - mm) : (A)0) + (s2 != (A)0 ? s2 * ce_exp(m2 - mm) : (A)0);
+  m = mm;
+}
+
+/* lse of row (every thread gets it), in one pass. */
+template <class T, class A>
+__device__ A row_lse(const T *row, int64_t C) {
+  __shared__ A shm[32], shs[32];
+  A m = -INFINITY, s = 0;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) ms_add<A>(m, s, (A)cu_ld(row + j));
+  for (int o = 16; o > 0; o >>= 1) {
+    A m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    ms_merge<A>(m, s, m2, s2);
   }
-  m = cu_block_max(m, sh);
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += exp((double)cu_ld(row + j) - m);
-  s = cu_block_sum(s, sh);
-  return m + log(s);
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) shm[w] = m, shs[w] = s;
+  __syncthreads();
+  m = lane < nw ? shm[lane] : (A)-INFINITY;
+  s = lane < nw ? shs[lane] : (A)0;
+  for (int o = 16; o > 0; o >>= 1) {
+    A m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    ms_merge<A>(m, s, m2, s2);
+  }
+  return m + ce_log(s);
 }
 
 template <class T>
 __global__ void ce_rows_kernel(const T *x, const void *lab, rm_dtype ldt, int64_t C, double *loss) {
-  __shared__ double sh[32];
+  typedef typename cu_acc<T>::type A;
   const T *row = x + blockIdx.x * C;
-  double lse = row_lse(row, C, sh);
+  A lse = row_lse<T, A>(row, C);
   if (threadIdx.x == 0) {
-    int64_t y = (int64_t)lab_val(lab, ldt, blockIdx.x) - 1;
-    loss[blockIdx.x] = lse - (double)cu_ld(row + y);
+    double yv = lab_val(lab, ldt, blockIdx.x);
+    loss[blockIdx.x] = cu_ix_ok(yv, C) ? (double)(lse - (A)cu_ld(row + ((int64_t)yv - 1))) : NAN;
   }
 }
 
@@ -56,14 +95,14 @@ template <class T>
 __global__ void ce_bwd_kernel(const T *x, const void *lab, rm_dtype ldt, const T *g, int64_t rows,
                               int64_t C, T *o) {
   typedef typename cu_acc<T>::type A;
-  __shared__ double sh[32];
   const T *row = x + blockIdx.x * C;
   T *orow = o + blockIdx.x * C;
-  double lse = row_lse(row, C, sh);
-  double scale = (double)cu_ld(g) / (double)rows;
-  int64_t y = (int64_t)lab_val(lab, ldt, blockIdx.x) - 1;
+  A lse = row_lse<T, A>(row, C);
+  A scale = (A)((double)cu_ld(g) / (double)rows);
+  double yv = lab_val(lab, ldt, blockIdx.x);
+  int64_t y = cu_ix_ok(yv, C) ? (int64_t)yv - 1 : -1;
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
-    cu_sv(orow + j, (A)((exp((double)cu_ld(row + j) - lse) - (j == y ? 1.0 : 0.0)) * scale));
+    cu_sv(orow + j, (ce_exp((A)cu_ld(row + j) - lse) - (j == y ? (A)1 : (A)0)) * scale);
 }
 
 template <class T>
@@ -90,15 +129,7 @@ __global__ void sum_div_kernel(const double *part, int np, double div, T *out) {
 
 static int check_labels(rm_ctx *ctx, const char *op, const rm_tensor *labels, const void *p,
                         int64_t classes) {
-  int64_t pos;
-  double v;
-  int rc = cu_first_bad_index(ctx, op, labels, p, classes, &pos, &v);
-  if (rc || pos < 0) return rc;
-  if (v == floor(v))
-    return cu_fail(ctx, RM_ERR_ARG, "%s: label %.17g is out of range 1..%lld (row %lld)", op, v,
-                   (long long)classes, (long long)pos + 1);
-  return cu_fail(ctx, RM_ERR_ARG, "%s: label %.17g is not a whole number in 1..%lld (row %lld)", op, v,
-                 (long long)classes, (long long)pos + 1);
+  return cu_check_indices(ctx, op, "label", labels, p, classes, CU_WHERE_ROW);
 }
 
 RM_CUDA_KERNEL(cross_entropy) {

@@ -4,6 +4,8 @@
  *   layernorm_backward(x, mean, rstd, g[, w]) -> gx, gw, gb   i[0] bits: gx, gw, gb
  *   rmsnorm(x[, w]) -> y, rstd
  *   rmsnorm_backward(x, rstd, g[, w]) -> gx, gw               i[0] bits: gx, gw
+ * The statistics (mean, rstd) are float32 for float32 and bfloat16 inputs (float64 for
+ * float64): a bfloat16 mean or rstd would lose 8 bits before the row uses it.
  * Fused: one block per row computes the statistics (double accumulation) and writes
  * the row; weight/bias gradients are column sums over rows, split into fixed row
  * chunks (partials in double, summed in order), so results are reproducible. */
@@ -16,8 +18,8 @@ static void rows_cols(const rm_tensor *x, int64_t *R, int64_t *C) {
 }
 
 template <class T>
-__global__ void ln_fwd_kernel(const T *x, const T *w, const T *b, T *y, T *mu, T *rs, int64_t C,
-                              double eps, bool rms) {
+__global__ void ln_fwd_kernel(const T *x, const T *w, const T *b, T *y, typename cu_acc<T>::type *mu,
+                              typename cu_acc<T>::type *rs, int64_t C, double eps, bool rms) {
   typedef typename cu_acc<T>::type A;
   __shared__ double sh[32];
   const T *xr = x + blockIdx.x * C;
@@ -34,15 +36,8 @@ __global__ void ln_fwd_kernel(const T *x, const T *w, const T *b, T *y, T *mu, T
     v += d * d;
   }
   v = cu_block_sum(v, sh);
+  /* stored as computed (acc type), so backward sees what forward used */
   A mt = (A)m, rt = (A)(1.0 / sqrt(v / (double)C + eps));
-  {
-    /* the statistics rounded as stored, so backward sees what forward used */
-    T tm, tr;
-    cu_sv(&tm, mt);
-    cu_sv(&tr, rt);
-    mt = cu_ld(&tm);
-    rt = cu_ld(&tr);
-  }
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
     A xv = cu_ld(xr + j);
     if (rms) {
@@ -54,21 +49,21 @@ __global__ void ln_fwd_kernel(const T *x, const T *w, const T *b, T *y, T *mu, T
     }
   }
   if (threadIdx.x == 0) {
-    if (mu) cu_sv(mu + blockIdx.x, mt);
-    cu_sv(rs + blockIdx.x, rt);
+    if (mu) mu[blockIdx.x] = mt;
+    rs[blockIdx.x] = rt;
   }
 }
 
 /* gx of one row: layernorm dx = rstd (gy - mean(gy) - xhat mean(gy xhat)), gy = g w;
  * rmsnorm: the same without the mean terms on x (mu = NULL). */
 template <class T>
-__global__ void ln_bwd_rows_kernel(const T *x, const T *mu, const T *rs, const T *g, const T *w,
-                                   T *gx, int64_t C) {
+__global__ void ln_bwd_rows_kernel(const T *x, const typename cu_acc<T>::type *mu,
+                                   const typename cu_acc<T>::type *rs, const T *g, const T *w, T *gx, int64_t C) {
   typedef typename cu_acc<T>::type A;
   __shared__ double sh[32];
   const T *xr = x + blockIdx.x * C, *gr = g + blockIdx.x * C;
   T *dr = gx + blockIdx.x * C;
-  A m = mu ? cu_ld(mu + blockIdx.x) : (A)0, rstd = cu_ld(rs + blockIdx.x);
+  A m = mu ? mu[blockIdx.x] : (A)0, rstd = rs[blockIdx.x];
   double sa = 0, sb = 0;
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
     A gy = w ? cu_ld(gr + j) * cu_ld(w + j) : cu_ld(gr + j);
@@ -85,8 +80,9 @@ __global__ void ln_bwd_rows_kernel(const T *x, const T *mu, const T *rs, const T
 
 /* Partial column sums over rows [lo, hi) of chunk blockIdx.y: aw += g xhat, ab += g. */
 template <class T>
-__global__ void ln_bwd_cols_kernel(const T *x, const T *mu, const T *rs, const T *g, int64_t R,
-                                   int64_t C, int64_t chunk, double *pw, double *pb) {
+__global__ void ln_bwd_cols_kernel(const T *x, const typename cu_acc<T>::type *mu,
+                                   const typename cu_acc<T>::type *rs, const T *g, int64_t R, int64_t C,
+                                   int64_t chunk, double *pw, double *pb) {
   typedef typename cu_acc<T>::type A;
   int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (j >= C) return;
@@ -94,8 +90,8 @@ __global__ void ln_bwd_cols_kernel(const T *x, const T *mu, const T *rs, const T
   double aw = 0, ab = 0;
   for (int64_t r = lo; r < hi; r++) {
     A gv = cu_ld(g + r * C + j);
-    A m = mu ? cu_ld(mu + r) : (A)0;
-    aw += (double)(gv * ((cu_ld(x + r * C + j) - m) * cu_ld(rs + r)));
+    A m = mu ? mu[r] : (A)0;
+    aw += (double)(gv * ((cu_ld(x + r * C + j) - m) * rs[r]));
     ab += (double)gv;
   }
   pw[blockIdx.y * C + j] = aw;
@@ -128,7 +124,8 @@ static int norm_fwd(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor *const
                 ln_fwd_kernel<T><<<(unsigned)R, cu_row_threads(C, 512), 0, st>>>(
                     (const T *)ci.p[0], nin > 1 ? (const T *)ci.p[1] : NULL,
                     (!rms && nin > 2) ? (const T *)ci.p[2] : NULL, (T *)cu_ptr(out[0]),
-                    rms ? NULL : (T *)cu_ptr(out[1]), (T *)cu_ptr(out[rms ? 1 : 2]), C, a->f[0], rms));
+                    rms ? NULL : (typename cu_acc<T>::type *)cu_ptr(out[1]),
+                    (typename cu_acc<T>::type *)cu_ptr(out[rms ? 1 : 2]), C, a->f[0], rms));
     rc = CU_LAUNCHED(ctx, name);
   }
   cu_inputs_free(ctx, &ci);
@@ -164,7 +161,8 @@ static int norm_bwd(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor *const
   if (want & 1) {
     CU_DISPATCH(ctx, name, dt,
                 ln_bwd_rows_kernel<T><<<(unsigned)R, cu_row_threads(C, 512), 0, st>>>(
-                    (const T *)x, (const T *)mu, (const T *)rs, (const T *)g, (const T *)w,
+                    (const T *)x, (const typename cu_acc<T>::type *)mu, (const typename cu_acc<T>::type *)rs,
+                    (const T *)g, (const T *)w,
                     (T *)cu_ptr(out[0]), C));
     if ((rc = CU_LAUNCHED(ctx, name))) goto done;
   } else if ((rc = cu_fill(ctx, cu_ptr(out[0]), dt, R * C, 0.0))) {
@@ -177,9 +175,9 @@ static int norm_bwd(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor *const
     bool need = rms ? (want & 2) : (want & 6);
     if (need) {
       CU_DISPATCH(ctx, name, dt,
-                  ln_bwd_cols_kernel<T><<<grid, 256, 0, st>>>((const T *)x, (const T *)mu,
-                                                             (const T *)rs, (const T *)g, R, C,
-                                                             chunk, pw, pb));
+                  ln_bwd_cols_kernel<T><<<grid, 256, 0, st>>>(
+                      (const T *)x, (const typename cu_acc<T>::type *)mu, (const typename cu_acc<T>::type *)rs,
+                      (const T *)g, R, C, chunk, pw, pb));
       if ((rc = CU_LAUNCHED(ctx, name))) goto done;
     }
     CU_DISPATCH(ctx, name, dt, {

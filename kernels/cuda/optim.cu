@@ -5,7 +5,14 @@
  *
  * rm_op_into runs no infer step, and this library cannot call core's, so the kernels
  * check the arguments themselves (counts, shapes, dtypes, contiguity) before touching
- * memory: a bad in-place call is an error, never a stray write. */
+ * memory: a bad in-place call is an error, never a stray write.
+ *
+ * Mixed precision: a float32 param may take a bfloat16 grad. That is how a bfloat16
+ * model trains (lua/remat/optim.lua): the optimizer keeps a float32 master copy of each
+ * bfloat16 parameter and float32 state, steps the master with the model's bfloat16
+ * gradient, and writes the rounded master back into the model (a cast). Updating the
+ * bfloat16 weights themselves would lose every update below half an ulp (2^-9 of the
+ * weight), and v = beta2 v would round back to v. */
 #include <math.h>
 #include <string.h>
 
@@ -25,7 +32,8 @@ static int check_step(rm_ctx *ctx, const char *op, int want_in, int want_out, in
     return cu_fail(ctx, RM_ERR_ARG, "%s: takes %d inputs and %d outputs (got %d and %d)", op, want_in,
                    want_out, nin, nout);
   for (int i = 0; i < nin; i++) {
-    if (in[i]->dtype != in[0]->dtype || in[i]->device != in[0]->device || !same_shape(in[i], in[0]))
+    bool dt_ok = in[i]->dtype == in[0]->dtype || (i == 1 && in[0]->dtype == RM_F32 && in[i]->dtype == RM_BF16);
+    if (!dt_ok || in[i]->device != in[0]->device || !same_shape(in[i], in[0]))
       return cu_fail(ctx, RM_ERR_ARG, "%s: %s must have param's shape, dtype and device", op, names[i]);
     if (!cu_contig(in[i])) return cu_fail(ctx, RM_ERR_ARG, "%s: input %d must be contiguous", op, i + 1);
   }
@@ -36,8 +44,8 @@ static int check_step(rm_ctx *ctx, const char *op, int want_in, int want_out, in
   return RM_OK;
 }
 
-template <class T>
-__global__ void sgd_kernel(const T *pp, const T *pg, const T *pbi, T *po, T *pb, int64_t n, double lr_,
+template <class T, class G>
+__global__ void sgd_kernel(const T *pp, const G *pg, const T *pbi, T *po, T *pb, int64_t n, double lr_,
                            double mom_, double wd_, double keep_, bool nesterov, bool first) {
   typedef typename cu_acc<T>::type A;
   const A lr = (A)lr_, mom = (A)mom_, wd = (A)wd_, keep = (A)keep_;
@@ -61,11 +69,17 @@ RM_CUDA_KERNEL(sgd_step) {
   int64_t n = cu_numel(in[0]);
   if (!n) return RM_OK;
   cudaStream_t st = cu_st(ctx)->stream;
-  CU_DISPATCH(ctx, "sgd_step", in[0]->dtype,
-              sgd_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
-                  (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
-                  (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), n, a->f[0], a->f[1], a->f[2],
-                  1.0 - a->f[3], a->i[0] != 0, a->i[1] != 0));
+  if (in[1]->dtype != in[0]->dtype) /* float32 master, bfloat16 grad */
+    sgd_kernel<float, __nv_bfloat16><<<cu_blocks(n), CU_THREADS, 0, st>>>(
+        (const float *)cu_ptr(in[0]), (const __nv_bfloat16 *)cu_ptr(in[1]), (const float *)cu_ptr(in[2]),
+        (float *)cu_ptr(out[0]), (float *)cu_ptr(out[1]), n, a->f[0], a->f[1], a->f[2], 1.0 - a->f[3],
+        a->i[0] != 0, a->i[1] != 0);
+  else
+    CU_DISPATCH(ctx, "sgd_step", in[0]->dtype,
+                sgd_kernel<T, T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
+                    (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
+                    (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), n, a->f[0], a->f[1], a->f[2],
+                    1.0 - a->f[3], a->i[0] != 0, a->i[1] != 0));
   return CU_LAUNCHED(ctx, "sgd_step kernel");
 }
 
@@ -74,8 +88,8 @@ template <class A> __device__ __forceinline__ A lerp_(A s, A e, A w) {
   return w < (A)0.5 ? s + w * (e - s) : e - (e - s) * ((A)1 - w);
 }
 
-template <class T>
-__global__ void adamw_kernel(const T *pp, const T *pg, const T *pmi, const T *pvi, T *po, T *pm, T *pv,
+template <class T, class G>
+__global__ void adamw_kernel(const T *pp, const G *pg, const T *pmi, const T *pvi, T *po, T *pm, T *pv,
                              int64_t n, double w1_, double beta2_, double c2_, double eps_,
                              double step_size_, double bc2_sqrt_, double decay_, double wd_,
                              bool decoupled) {
@@ -105,10 +119,16 @@ RM_CUDA_KERNEL(adamw_step) {
   bool decoupled = a->i[1] != 0;
   double bc1 = 1.0 - pow(b1, (double)a->i[0]), bc2 = 1.0 - pow(b2, (double)a->i[0]);
   cudaStream_t st = cu_st(ctx)->stream;
-  CU_DISPATCH(ctx, "adamw_step", in[0]->dtype,
-              adamw_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
-                  (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
-                  (const T *)cu_ptr(in[3]), (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), (T *)cu_ptr(out[2]),
-                  n, 1.0 - b1, b2, 1.0 - b2, a->f[3], lr / bc1, sqrt(bc2), 1.0 - lr * wd, wd, decoupled));
+  if (in[1]->dtype != in[0]->dtype) /* float32 master, bfloat16 grad */
+    adamw_kernel<float, __nv_bfloat16><<<cu_blocks(n), CU_THREADS, 0, st>>>(
+        (const float *)cu_ptr(in[0]), (const __nv_bfloat16 *)cu_ptr(in[1]), (const float *)cu_ptr(in[2]),
+        (const float *)cu_ptr(in[3]), (float *)cu_ptr(out[0]), (float *)cu_ptr(out[1]), (float *)cu_ptr(out[2]),
+        n, 1.0 - b1, b2, 1.0 - b2, a->f[3], lr / bc1, sqrt(bc2), 1.0 - lr * wd, wd, decoupled);
+  else
+    CU_DISPATCH(ctx, "adamw_step", in[0]->dtype,
+                adamw_kernel<T, T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
+                    (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
+                    (const T *)cu_ptr(in[3]), (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), (T *)cu_ptr(out[2]),
+                    n, 1.0 - b1, b2, 1.0 - b2, a->f[3], lr / bc1, sqrt(bc2), 1.0 - lr * wd, wd, decoupled));
   return CU_LAUNCHED(ctx, "adamw_step kernel");
 }

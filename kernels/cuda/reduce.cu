@@ -4,7 +4,17 @@
  *
  * Sums accumulate in double and split work at boundaries that depend only on the
  * shape (never on the device), with a fixed reduction tree: results are reproducible
- * run to run. max/argmax: the first maximum, and the first NaN wins over numbers. */
+ * run to run. max/argmax: the first maximum, and the first NaN wins over numbers; their
+ * indices are float32 (float64 for float64), never bfloat16 (exact only up to 256).
+ *
+ * Column sums (the kept dims innermost, e.g. sum_to for a linear layer's bias gradient,
+ * (B T, C) -> (C)): a block is a 32 x 8 tile, 32 neighbouring outputs (coalesced reads)
+ * by 8 row lanes, over one of nsplit fixed row chunks; the 8 lanes meet in shared memory
+ * in a fixed order and the chunks' partial sums are added in order by a second kernel.
+ * Estimate (from bytes, not measured) for GPT-2 small (B T = 8192 rows; bias widths
+ * 2304, 768, 3072, 768 per layer, bf16) on an H100/H200: 113 MB read per layer, 1.4 GB
+ * per step, ~0.4 ms at ~3.5 TB/s. Before: a thread per column walking all 8192 rows
+ * (6 to 24 blocks on 132 SMs), tens of ms per step. */
 #include "cuda_common.cuh"
 
 /* Dimension attr normalised to 0..ndim-1, or -1 for "every dim". */
@@ -76,17 +86,27 @@ __global__ void sum_rows_kernel(const T *x, sum_geo g, int64_t chunk, int nsplit
   }
 }
 
-/* Columns: one thread per (output, part): neighbouring outputs read neighbouring data. */
+/* Columns: a 32 x 8 block sums 32 neighbouring outputs over rows [lo, hi) of chunk
+ * blockIdx.y, 8 row lanes each, then adds the lanes in a fixed order. */
+#define COL_TILE 32
+#define COL_LANES 8
 template <class T>
-__global__ void sum_cols_kernel(const T *x, sum_geo g, int64_t nout, int64_t chunk, int nsplit,
-                                double *part, T *out, double div) {
-  int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+__global__ void __launch_bounds__(COL_TILE * COL_LANES)
+sum_cols_kernel(const T *x, sum_geo g, int64_t nout, int64_t chunk, int nsplit, double *part, T *out,
+                double div) {
+  __shared__ double sh[COL_LANES][COL_TILE];
+  int64_t e = blockIdx.x * (int64_t)COL_TILE + threadIdx.x;
   int pi = blockIdx.y;
-  if (e >= nout) return;
-  int64_t base = cu_offset(g.kept, e);
-  int64_t lo = pi * chunk, hi = lo + chunk < g.R ? lo + chunk : g.R;
   double acc = 0;
-  for (int64_t p = lo; p < hi; p++) acc += (double)cu_ld(x + base + cu_offset(g.red, p));
+  if (e < nout) {
+    int64_t base = cu_offset(g.kept, e);
+    int64_t lo = pi * chunk, hi = lo + chunk < g.R ? lo + chunk : g.R;
+    for (int64_t p = lo + threadIdx.y; p < hi; p += COL_LANES) acc += (double)cu_ld(x + base + cu_offset(g.red, p));
+  }
+  sh[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || e >= nout) return;
+  for (int l = 1; l < COL_LANES; l++) acc += sh[l][threadIdx.x];
   if (part) part[e * nsplit + pi] = acc;
   else cu_sv(out + e, (typename cu_acc<T>::type)(acc / div));
 }
@@ -108,9 +128,10 @@ static int sum_launch(rm_ctx *ctx, const T *x, T *out, const sum_geo &g, int64_t
    * split depends on the sizes only, so results do not change between devices. */
   int64_t work_per_out = g.R;
   int nsplit = 1;
-  const int64_t target = 2048; /* blocks (rows) or thread groups (cols) wanted */
-  int64_t have = g.rows ? nout : (nout + 255) / 256;
-  while (nsplit < 1024 && have * nsplit < target && work_per_out / (nsplit * 2) >= 4096) nsplit *= 2;
+  const int64_t target = g.rows ? 2048 : 1024; /* blocks wanted */
+  const int64_t min_chunk = g.rows ? 4096 : 64; /* summed elements per part, at least */
+  int64_t have = g.rows ? nout : (nout + COL_TILE - 1) / COL_TILE;
+  while (nsplit < 1024 && have * nsplit < target && work_per_out / (nsplit * 2) >= min_chunk) nsplit *= 2;
   int64_t chunk = (g.R + nsplit - 1) / nsplit;
   double *part = NULL;
   size_t pbytes = (size_t)nout * nsplit * sizeof(double);
@@ -119,8 +140,8 @@ static int sum_launch(rm_ctx *ctx, const T *x, T *out, const sum_geo &g, int64_t
     int threads = cu_row_threads(chunk);
     sum_rows_kernel<T><<<(unsigned)(nout * nsplit), threads, 0, st>>>(x, g, chunk, nsplit, part, out, div);
   } else {
-    dim3 grid((unsigned)((nout + 255) / 256), (unsigned)nsplit);
-    sum_cols_kernel<T><<<grid, 256, 0, st>>>(x, g, nout, chunk, nsplit, part, out, div);
+    dim3 grid((unsigned)((nout + COL_TILE - 1) / COL_TILE), (unsigned)nsplit);
+    sum_cols_kernel<T><<<grid, dim3(COL_TILE, COL_LANES), 0, st>>>(x, g, nout, chunk, nsplit, part, out, div);
   }
   int rc = CU_LAUNCHED(ctx, "sum kernel");
   if (!rc && part) {
@@ -198,7 +219,7 @@ __device__ __forceinline__ void max_pick(A &v, int64_t &i, A v2, int64_t i2) {
 
 /* One block per column when inner == 1 (rows), else one thread per column. */
 template <class T>
-__global__ void max_rows_kernel(const T *x, int64_t n, T *val, T *idx) {
+__global__ void max_rows_kernel(const T *x, int64_t n, T *val, typename cu_acc<T>::type *idx) {
   typedef typename cu_acc<T>::type A;
   __shared__ A shv[32];
   __shared__ int64_t shi[32];
@@ -217,12 +238,13 @@ __global__ void max_rows_kernel(const T *x, int64_t n, T *val, T *idx) {
   if (threadIdx.x == 0) {
     for (int j = 1; j < nw; j++) max_pick<A>(best, bi, shv[j], shi[j]);
     if (val) cu_sv(val + blockIdx.x, best);
-    if (idx) cu_sv(idx + blockIdx.x, (A)(bi + 1));
+    if (idx) idx[blockIdx.x] = (A)(bi + 1);
   }
 }
 
 template <class T>
-__global__ void max_cols_kernel(const T *x, int64_t outer, int64_t n, int64_t inner, T *val, T *idx) {
+__global__ void max_cols_kernel(const T *x, int64_t outer, int64_t n, int64_t inner, T *val,
+                                typename cu_acc<T>::type *idx) {
   typedef typename cu_acc<T>::type A;
   int64_t cols = outer * inner;
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols;
@@ -237,12 +259,13 @@ __global__ void max_cols_kernel(const T *x, int64_t outer, int64_t n, int64_t in
         else if (v != v) { best = v; bi = k; break; }
       }
     if (val) cu_sv(val + c, best);
-    if (idx) cu_sv(idx + c, (A)(bi + 1));
+    if (idx) idx[c] = (A)(bi + 1);
   }
 }
 
 template <class T>
-static int max_launch(rm_ctx *ctx, const T *x, int64_t outer, int64_t n, int64_t inner, T *val, T *idx) {
+static int max_launch(rm_ctx *ctx, const T *x, int64_t outer, int64_t n, int64_t inner, T *val,
+                      typename cu_acc<T>::type *idx) {
   cudaStream_t st = cu_st(ctx)->stream;
   if (inner == 1)
     max_rows_kernel<T><<<(unsigned)outer, cu_row_threads(n), 0, st>>>(x, n, val, idx);
@@ -261,7 +284,7 @@ static int max_run(rm_ctx *ctx, rm_tensor *xt, int64_t dim, rm_tensor *val, rm_t
   int rc;
   CU_DISPATCH(ctx, "max", xt->dtype,
               rc = max_launch<T>(ctx, (const T *)x, outer, n, inner, val ? (T *)cu_ptr(val) : NULL,
-                                 idx ? (T *)cu_ptr(idx) : NULL));
+                                 idx ? (typename cu_acc<T>::type *)cu_ptr(idx) : NULL));
   if (scratch) cu_scratch_free(ctx, scratch, (size_t)cu_numel(xt) * cu_dsize(xt->dtype));
   return rc;
 }

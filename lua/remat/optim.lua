@@ -114,14 +114,44 @@ local function new(kind, params, o, hyper)
   return setmetatable(o, Optimizer)
 end
 
--- Zeros like p, allocated in the category "optim".
-local function state_tensor(p)
-  local shape, dtype, device = C.info(p)
+-- Mixed precision: a bfloat16 parameter trains through a float32 master copy, with
+-- float32 optimizer state (as mixed-precision training does everywhere): the fused step
+-- updates the master from the bfloat16 gradient, and the master, rounded, is cast back
+-- into the parameter. The switch is the model's dtype: model:to("bfloat16") computes in
+-- bfloat16, and every optimizer keeps float32 masters for it. Stepping the bfloat16
+-- weights themselves would drop every update below half an ulp (2^-9 of the weight).
+local F32_ID, F64_ID, BF16_ID = 0, 1, 2
+local function low_precision(p) return select(2, C.info(p)) == "bfloat16" end
+
+-- Zeros like p (float32 for a bfloat16 p, or dtype), allocated in the category "optim".
+local function state_tensor(p, dtype)
+  local shape, pdtype, device = C.info(p)
+  if not dtype then dtype = pdtype == "bfloat16" and "float32" or pdtype end
   local prev = C.set_category("optim")
   local ok, t = pcall(C.full, shape, 0, dtype, device)
   C.set_category(prev)
   if not ok then error(t, 0) end
   return t
+end
+
+-- The tensor an update steps: p itself, or its float32 master (made at the first step,
+-- kept in st.master, category "optim").
+local function master_of(st, p)
+  if not low_precision(p) then return p end
+  if not st.master then
+    local prev, grad = C.set_category("optim"), C.grad_enabled(false)
+    local ok, t = pcall(C.op, "cast", { i = { F32_ID } }, p)
+    C.set_category(prev)
+    C.grad_enabled(grad)
+    if not ok then error(t, 0) end
+    st.master = t
+  end
+  return st.master
+end
+
+-- After an update of a master: the rounded master back into the bfloat16 parameter.
+local function store_master(p, w)
+  if w ~= p then C.op_into("cast", { i = { BF16_ID } }, { w }, { p }) end
 end
 
 -- The gradient of p as a contiguous tensor the caller frees, or nil when p has none.
@@ -214,7 +244,7 @@ function Optimizer:load_state_dict(tensors, meta)
       fail(("%s: %s has size %s but parameter %d has size %s"):format(fn, key, table.concat(ts, "x"), i,
         table.concat(ps, "x")))
     end
-    local s = state_tensor(p)
+    local s = state_tensor(p, select(2, C.info(t)))
     C.copy_values(s, t)
     state[i][name] = s
   end
@@ -249,18 +279,23 @@ function optim.SGD(params, opts)
   self._update = function(s, i, p, g)
     local st = s.state[i]
     local attrs = { f = { s.lr, s.momentum, s.weight_decay, s.dampening }, i = { s.nesterov and 1 or 0, 0 } }
+    if not st and (s.momentum ~= 0 or low_precision(p)) then
+      st = {}
+      s.state[i] = st
+    end
+    local w = st and master_of(st, p) or p
     if s.momentum == 0 then
-      C.op_into("sgd_step", attrs, { p, g, p }, { p, p })
+      C.op_into("sgd_step", attrs, { w, g, w }, { w, w })
+      store_master(p, w)
       return
     end
-    if not st or not st.momentum_buffer then
-      st = st or {}
+    if not st.momentum_buffer then
       st.momentum_buffer = state_tensor(p)
-      s.state[i] = st
       attrs.i[2] = 1
     end
     local b = st.momentum_buffer
-    C.op_into("sgd_step", attrs, { p, g, b }, { p, b })
+    C.op_into("sgd_step", attrs, { w, g, b }, { w, b })
+    store_master(p, w)
   end
   return self
 end
@@ -288,10 +323,12 @@ local function adam(kind, decoupled, default_wd)
       end
       st.step = st.step + 1
       local m, v = st.exp_avg, st.exp_avg_sq
+      local w = master_of(st, p)
       C.op_into("adamw_step", {
         f = { s.lr, s.betas[1], s.betas[2], s.eps },
         i = { st.step, decoupled and 1 or 0, C.double_bits(s.weight_decay) },
-      }, { p, g, m, v }, { p, m, v })
+      }, { w, g, m, v }, { w, m, v })
+      store_master(p, w)
     end
     self.check = function(s)
       Optimizer.check(s)
@@ -324,26 +361,44 @@ function optim.clip_grad_norm(params, max_norm)
   if type(max_norm) ~= "number" or not (max_norm >= 0) then
     fail(("%s: max_norm must be a number >= 0, got %s"):format(fn, describe(max_norm)))
   end
-  local grads, total = {}, 0
+  -- One float64 running sum per device, read once at the end: one synchronisation per
+  -- call, not one per parameter.
+  local grads, total, acc = {}, 0, {}
   local prev = C.set_category("temp")
   local ok, err = pcall(function()
     for _, p in ipairs(params) do
       local g = grad_of(p)
       if g then
         grads[#grads + 1] = g
-        local sq = C.op("mul", nil, g, g)
+        local _, gdt, dev = C.info(g)
+        local x = gdt == "bfloat16" and C.op("cast", { i = { F32_ID } }, g) or g
+        local sq = C.op("mul", nil, x, x)
+        if x ~= g then C.free(x) end
         local s = C.op("sum", { i = { DIM_ALL, 0 } }, sq)
         C.free(sq)
-        if select(3, C.info(s)) ~= "cpu" then
-          local h = C.to_device(s, "cpu")
-          C.free(s)
-          s = h
-        end
-        total = total + C.item(s)
+        local s64 = C.op("cast", { i = { F64_ID } }, s)
         C.free(s)
+        if acc[dev] then
+          local t = C.op("add", nil, acc[dev], s64)
+          C.free(acc[dev])
+          C.free(s64)
+          acc[dev] = t
+        else
+          acc[dev] = s64
+        end
       end
     end
+    local devs = {}
+    for dev in pairs(acc) do devs[#devs + 1] = dev end
+    table.sort(devs)
+    for _, dev in ipairs(devs) do
+      local s = acc[dev]
+      local h = dev ~= "cpu" and C.to_device(s, "cpu") or s
+      total = total + C.item(h)
+      if h ~= s then C.free(h) end
+    end
   end)
+  for _, s in pairs(acc) do C.free(s) end
   C.set_category(prev)
   if ok then
     total = math.sqrt(total)
