@@ -11,6 +11,13 @@
 -- nn.LayerNorm, nn.Linear, model:checkpoint(remat.policy.*), optim.AdamW); every piece
 -- is guarded, so a build that lacks one reports what is missing instead of failing.
 --
+-- A bfloat16 model trains with float32 master weights and float32 AdamW state
+-- (lua/remat/optim.lua). Each policy also prints a "ROW impl=remat policy=... ms=...
+-- tokens_per_s=... mfu=... peak_gib=..." line (bench/gpu_check.sh builds its table
+-- from them).
+-- With REMAT_GPU_PROFILE=1 (and REMAT_CUDA_PROFILE=1, which times every op with CUDA
+-- events) it runs one warm step of policy none and prints the GPU time per op.
+--
 -- Run: remat bench/gpu.lua [batch=8] [steps=5] [dtype=bfloat16]
 local remat = require "remat"
 local C = remat._C
@@ -157,6 +164,31 @@ else
   need(false, "remat.policy", "not present (only the default policy is measured)")
 end
 
+if os.getenv("REMAT_GPU_PROFILE") == "1" then
+  local function step()
+    local logits = model(idx)
+    local loss = nn.cross_entropy(logits:view(B * T, V), lab)
+    loss:backward()
+    if opt then opt:step(); opt:zero_grad() else model:zero_grad() end
+    return loss:item()
+  end
+  step() -- warm
+  if not remat.cuda.profile(true) then
+    out("PROFILE unavailable: start with REMAT_CUDA_PROFILE=1")
+    return
+  end
+  local t0 = remat.now()
+  step()
+  local wall = (remat.now() - t0) * 1e3
+  local list, total = remat.cuda.profile(), 0
+  for _, r in ipairs(list) do total = total + r.ms end
+  out("PROFILE one training step (policy none, batch %d): %.1f ms of GPU time in ops, %.1f ms wall "
+      .. "(synchronised after every op)", B, total, wall)
+  out("%-26s %8s %10s %7s", "op", "calls", "ms", "%")
+  for _, r in ipairs(list) do out("%-26s %8d %10.3f %6.1f%%", r.name, r.calls, r.ms, 100 * r.ms / total) end
+  return
+end
+
 local rows = {}
 for _, p in ipairs(policies) do
   local r = run(model, p[1], p[2], idx, lab, opt)
@@ -184,6 +216,10 @@ for _, r in ipairs(rows) do
   out("%-34s %10.1f %12.0f %7.1f%% %12s %12s %12s %10.4f%s", r.name, r.ms, r.tps, 100 * mfu, gib(r.peak),
       gib(r.act), r.reserved and gib(r.reserved) or "?", r.loss or 0 / 0,
       (base and r ~= base) and ("   (%.2fx time of none)"):format(r.ms / base.ms) or "")
+end
+for _, r in ipairs(rows) do
+  out("ROW impl=remat policy=%s ms=%.1f tokens_per_s=%.0f mfu=%.1f peak_gib=%.2f", (r.name:gsub("%s", "")), r.ms, r.tps,
+      100 * flops_per_token * r.tps / PEAK, (r.peak or 0) / 2 ^ 30)
 end
 for _, m in ipairs(missing) do out("missing: %s", m) end
 out("RESULT dtype=%s batch=%d best_tokens_per_s=%.0f", dtype, B, rows[1] and rows[1].tps or 0)

@@ -302,6 +302,40 @@ static int l_empty_cache(lua_State *L) {
   return 1;
 }
 
+/* C.cuda_profile([reset]) -> list of { name=, ms=, calls= } (ops with calls, most time
+ * first), or nil when timing is off (REMAT_CUDA_PROFILE=1 when CUDA started). */
+static int l_cuda_profile(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  const rm_backend *b = cuda_backend(L, "cuda.profile");
+  double ms[RM_OP_COUNT];
+  int64_t calls[RM_OP_COUNT];
+  if (!b->profile || !b->profile(ctx, ms, calls, lua_toboolean(L, 1))) {
+    lua_pushnil(L);
+    return 1;
+  }
+  int order[RM_OP_COUNT], n = 0;
+  for (int i = 0; i < RM_OP_COUNT; i++)
+    if (calls[i] > 0) order[n++] = i;
+  for (int i = 1; i < n; i++) /* insertion sort, most time first */
+    for (int j = i; j > 0 && ms[order[j]] > ms[order[j - 1]]; j--) {
+      int t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, rm_op_name((rm_op_id)order[i]));
+    lua_setfield(L, -2, "name");
+    lua_pushnumber(L, ms[order[i]]);
+    lua_setfield(L, -2, "ms");
+    lua_pushinteger(L, (lua_Integer)calls[order[i]]);
+    lua_setfield(L, -2, "calls");
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
 /* C.cuda_info() -> { name=, total=, free= } */
 static int l_cuda_info(lua_State *L) {
   rm_ctx *ctx = rm_lua_ctx(L);
@@ -324,6 +358,7 @@ static const luaL_Reg fns[] = {
   { "cuda_synchronize", l_cuda_synchronize },
   { "cuda_empty_cache", l_cuda_empty_cache },
   { "cuda_info", l_cuda_info },
+  { "cuda_profile", l_cuda_profile },
   { "empty_cache", l_empty_cache },
   { "requires_grad", l_requires_grad },
   { "backward", l_backward },

@@ -60,6 +60,10 @@ remat.cuda = remat.cuda or {}
 function remat.cuda.synchronize() C.cuda_synchronize() end
 function remat.cuda.empty_cache() return C.cuda_empty_cache() end
 function remat.cuda.info() return C.cuda_info() end
+-- remat.cuda.profile([reset]) -> { {name=, ms=, calls=}, ... } per op, most GPU time first,
+-- or nil unless REMAT_CUDA_PROFILE=1 was set when CUDA started (then every op is timed
+-- with CUDA events, synchronising after each: per-op times, not overlap).
+function remat.cuda.profile(reset) return C.cuda_profile(reset) end
 
 -- What runs: version, blas (library), blas_core (its kernels), blas_core_from (who chose
 -- them), blas_path, threads (OpenMP, BLAS included), simd (the CPU's level), cuda.
