@@ -59,7 +59,7 @@ local function build(dtype)
   local embed = nn.module {
     tok = tok, pos = pos,
     forward = function(self, idx)
-      if not positions then positions = remat.arange(1, T + 1):to(idx:device()) end
+      if not positions then positions = remat.arange(1, T):to(idx:device()) end
       return self.tok(idx) + self.pos(positions)
     end,
   }

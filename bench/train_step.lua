@@ -70,7 +70,7 @@ local function build(c)
     return nn.Sequential(layers), remat.rand(c.batch, 784), remat.tensor(labels)
   end
   local emb = nn.module {
-    tok = nn.Embedding(c.vocab, c.dim), pos = nn.Embedding(c.block, c.dim), positions = remat.arange(1, c.block + 1),
+    tok = nn.Embedding(c.vocab, c.dim), pos = nn.Embedding(c.block, c.dim), positions = remat.arange(1, c.block),
     forward = function(self, x) return self.tok(x) + self.pos(self.positions) end,
   }
   local layers = { emb }

@@ -313,6 +313,28 @@ static int abs_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor 
   return gin[0] ? RM_OK : ctx->err_code;
 }
 
+/* clamp' = [lo <= x <= hi] (the gradient passes at the bounds, as in PyTorch). */
+static int clamp_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = rm_node_input(ctx, n, 0);
+  if (!x) return ctx->err_code;
+  rm_tensor *lo = scalar_like(ctx, x, n->attrs.f[0]);
+  rm_tensor *hi = lo ? scalar_like(ctx, x, n->attrs.f[1]) : NULL;
+  rm_tensor *above = hi ? rm_binary(ctx, RM_OP_GE, x, lo) : NULL;
+  rm_tensor *below = above ? rm_binary(ctx, RM_OP_LE, x, hi) : NULL;
+  rm_tensor *mask = below ? rm_mul(ctx, above, below) : NULL;
+  drop4(ctx, lo, hi, above, below);
+  gin[0] = times(ctx, g[0], mask);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+static int clamp_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  if (a->f[0] != a->f[0] || a->f[1] != a->f[1] || a->f[0] > a->f[1])
+    return rm_fail(ctx, RM_ERR_ARG, "clamp: the bounds must satisfy min <= max (got %g and %g)", a->f[0], a->f[1]);
+  rm_tensor_meta(in[0], &out[0]);
+  return RM_OK;
+}
+
 /* relu' = [y > 0]: the output tells as much as the input. */
 static int relu_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   rm_tensor *y = rm_node_output(ctx, n, 0);
@@ -449,6 +471,10 @@ UNARY(gelu, gelu_backward, 1, 0, gelu_flops)
 UNARY(silu, silu_backward, 1, 0, silu_flops)
 UNARY(sigmoid, sigmoid_backward, 0, 1, sigmoid_flops)
 UNARY(copy, pass_backward, 0, 0, data_movement_flops)
+
+/* clamp: f[0] lower bound, f[1] upper bound (-inf / inf: none); NaN stays NaN. */
+const rm_op_def rm_opdef_clamp = { .name = "clamp", .nin = 1, .nout = 1, .nvis = 1,
+  .flags = RM_OPF_STRIDED, .save_in = 1, .infer = clamp_infer, .backward = clamp_backward };
 
 const rm_op_def rm_opdef_where = { .name = "where", .nin = 3, .nout = 1, .nvis = 1,
   .flags = EW_BINARY, .save_in = 1, .backward = where_backward, .flops = where_flops };

@@ -1,4 +1,4 @@
-/* View ops: view, transpose, narrow, expand, select. No kernel: the output is a new
+/* View ops: view, transpose, narrow, expand, select, permute, squeeze, unsqueeze. No kernel: the output is a new
  * geometry over the input's storage. Each has a backward rule like any other op. */
 #include <string.h>
 
@@ -209,7 +209,165 @@ const rm_op_def rm_opdef_select = {
   .infer = select_infer, .view = select_view, .backward = select_backward,
 };
 
+/* ---- permute: shape/ndim holds the permutation (out dim k is input dim shape[k]) ---- */
+
+static int permute_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int nd = in[0]->ndim;
+  if (a->ndim != nd)
+    return rm_fail(ctx, RM_ERR_ARG, "permute: %d dimensions given for a %d-d tensor", a->ndim, nd);
+  bool seen[RM_MAX_DIM] = { false };
+  rm_tensor_meta(in[0], &out[0]);
+  for (int k = 0; k < nd; k++) {
+    int64_t p = a->shape[k];
+    if (p < 0 || p >= nd || seen[p])
+      return rm_fail(ctx, RM_ERR_ARG, "permute: the dimensions are not a permutation of 1..%d (entry %d is %lld)",
+                     nd, k + 1, (long long)p + 1);
+    seen[p] = true;
+    out[0].shape[k] = in[0]->shape[p];
+  }
+  return RM_OK;
+}
+
+static int permute_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
+  (void)ctx;
+  for (int k = 0; k < a->ndim; k++) {
+    out->shape[k] = in->shape[a->shape[k]];
+    out->stride[k] = in->stride[a->shape[k]];
+  }
+  return RM_OK;
+}
+
+static int permute_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  int64_t inv[RM_MAX_DIM];
+  for (int k = 0; k < n->attrs.ndim; k++) inv[n->attrs.shape[k]] = k;
+  gin[0] = rm_permute(ctx, g[0], n->attrs.ndim, inv);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+const rm_op_def rm_opdef_permute = {
+  .name = "permute", .nin = 1, .nout = 1, .nvis = 1, .flags = RM_OPF_VIEW | RM_OPF_STRIDED,
+  .infer = permute_infer, .view = permute_view, .backward = permute_backward,
+};
+
+/* ---- squeeze: i[0] dim (RM_DIM_ALL: every size-1 dim); a dim of another size stays ---- */
+
+/* Which dims of t squeeze drops (keep[d] false). */
+static int squeeze_keep(rm_ctx *ctx, const rm_tensor *t, int64_t dim, bool *keep) {
+  for (int d = 0; d < t->ndim; d++) keep[d] = dim == RM_DIM_ALL ? t->shape[d] != 1 : true;
+  if (dim != RM_DIM_ALL && t->ndim > 0) {
+    int d;
+    if (rm_check_dim(ctx, "squeeze", dim, t->ndim, &d)) return ctx->err_code;
+    keep[d] = t->shape[d] != 1;
+  }
+  return RM_OK;
+}
+
+static int squeeze_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  bool keep[RM_MAX_DIM];
+  if (squeeze_keep(ctx, in[0], a->i[0], keep)) return ctx->err_code;
+  rm_tensor_meta(in[0], &out[0]);
+  int k = 0;
+  for (int d = 0; d < in[0]->ndim; d++)
+    if (keep[d]) out[0].shape[k++] = in[0]->shape[d];
+  out[0].ndim = k;
+  return RM_OK;
+}
+
+static int squeeze_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
+  bool keep[RM_MAX_DIM];
+  squeeze_keep(ctx, in, a->i[0], keep);
+  int k = 0;
+  for (int d = 0; d < in->ndim; d++)
+    if (keep[d]) {
+      out->shape[k] = in->shape[d];
+      out->stride[k++] = in->stride[d];
+    }
+  out->ndim = k;
+  return RM_OK;
+}
+
+/* squeeze and unsqueeze: the gradient is g with the input's shape back. */
+static int reshape_back(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  gin[0] = rm_reshape(ctx, g[0], n->in[0]->ndim, n->in[0]->shape);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+const rm_op_def rm_opdef_squeeze = {
+  .name = "squeeze", .nin = 1, .nout = 1, .nvis = 1, .flags = RM_OPF_VIEW | RM_OPF_STRIDED,
+  .infer = squeeze_infer, .view = squeeze_view, .backward = reshape_back,
+};
+
+/* ---- unsqueeze: i[0] the position of the new size-1 dim (0..ndim; negatives from the end) ---- */
+
+static int unsqueeze_pos(rm_ctx *ctx, const rm_tensor *t, int64_t dim, int *pos) {
+  int64_t p = dim < 0 ? dim + t->ndim + 1 : dim;
+  if (p < 0 || p > t->ndim)
+    return rm_fail(ctx, RM_ERR_ARG, "unsqueeze: dimension %lld is out of range for a %d-d tensor (1..%d)",
+                   (long long)(dim < 0 ? dim : dim + 1), t->ndim, t->ndim + 1);
+  if (t->ndim >= RM_MAX_DIM)
+    return rm_fail(ctx, RM_ERR_ARG, "unsqueeze: the tensor already has %d dimensions (the most)", RM_MAX_DIM);
+  *pos = (int)p;
+  return RM_OK;
+}
+
+static int unsqueeze_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int p;
+  if (unsqueeze_pos(ctx, in[0], a->i[0], &p)) return ctx->err_code;
+  rm_tensor_meta(in[0], &out[0]);
+  for (int d = in[0]->ndim; d > p; d--) out[0].shape[d] = out[0].shape[d - 1];
+  out[0].shape[p] = 1;
+  out[0].ndim++;
+  return RM_OK;
+}
+
+static int unsqueeze_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
+  int p;
+  unsqueeze_pos(ctx, in, a->i[0], &p);
+  for (int d = in->ndim; d > p; d--) {
+    out->shape[d] = in->shape[d - 1];
+    out->stride[d] = in->stride[d - 1];
+  }
+  out->shape[p] = 1;
+  out->stride[p] = p < in->ndim ? in->shape[p] * in->stride[p] : 1;
+  out->ndim = in->ndim + 1;
+  return RM_OK;
+}
+
+const rm_op_def rm_opdef_unsqueeze = {
+  .name = "unsqueeze", .nin = 1, .nout = 1, .nvis = 1, .flags = RM_OPF_VIEW | RM_OPF_STRIDED,
+  .infer = unsqueeze_infer, .view = unsqueeze_view, .backward = reshape_back,
+};
+
 /* ---- wrappers ---- */
+
+rm_tensor *rm_permute(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *perm) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  if (ndim < 0 || ndim > RM_MAX_DIM) {
+    rm_fail(ctx, RM_ERR_ARG, "permute: at most %d dimensions", RM_MAX_DIM);
+    return NULL;
+  }
+  at.ndim = ndim;
+  memcpy(at.shape, perm, sizeof(int64_t) * (size_t)ndim);
+  return rm_op1(ctx, RM_OP_PERMUTE, 1, &a, &at);
+}
+
+rm_tensor *rm_squeeze(rm_ctx *ctx, rm_tensor *a, int64_t dim) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.i[0] = dim;
+  return rm_op1(ctx, RM_OP_SQUEEZE, 1, &a, &at);
+}
+
+rm_tensor *rm_unsqueeze(rm_ctx *ctx, rm_tensor *a, int64_t dim) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.i[0] = dim;
+  return rm_op1(ctx, RM_OP_UNSQUEEZE, 1, &a, &at);
+}
 
 rm_tensor *rm_view(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape) {
   rm_attrs at;

@@ -37,6 +37,9 @@ rm_tensor *rm_transpose(rm_ctx *ctx, rm_tensor *a, int64_t d0, int64_t d1);
 rm_tensor *rm_narrow(rm_ctx *ctx, rm_tensor *a, int64_t dim, int64_t start, int64_t len);
 rm_tensor *rm_expand(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape);
 rm_tensor *rm_select(rm_ctx *ctx, rm_tensor *a, int64_t dim, int64_t index);
+rm_tensor *rm_permute(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *perm); /* out dim k = a's perm[k] */
+rm_tensor *rm_squeeze(rm_ctx *ctx, rm_tensor *a, int64_t dim);   /* RM_DIM_ALL: every size-1 dim */
+rm_tensor *rm_unsqueeze(rm_ctx *ctx, rm_tensor *a, int64_t dim); /* a new size-1 dim at dim (0..ndim) */
 
 /* reductions (op_reduce.c): dim may be RM_DIM_ALL */
 rm_tensor *rm_sum(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim);
@@ -48,6 +51,9 @@ rm_tensor *rm_argmax(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim);
 rm_tensor *rm_sum_to(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape);
 rm_tensor *rm_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim);
 rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim);
+
+/* order statistics and scans (op_sort.c) */
+rm_tensor *rm_cumsum(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool reverse);
 
 /* matrix products (op_matmul.c) */
 rm_tensor *rm_matmul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b); /* 2-D, batched, broadcast batch */

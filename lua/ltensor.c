@@ -229,17 +229,36 @@ static double elem(const rm_tensor *t, int64_t i) {
   return ((const float *)rm_tensor_ptr(t))[off];
 }
 
-/* A CPU tensor with the data of t (t itself, held, when already on the CPU). */
+/* A CPU float tensor with the data of t: t itself (held) when it already is one, else a
+ * copy (bfloat16/float16 are widened to float32 on their device first). */
 static rm_tensor *on_cpu(lua_State *L, rm_tensor *t, const char *fn) {
   rm_ctx *ctx = rm_lua_ctx(L);
   if (rm_tensor_host_ready(ctx, t)) rm_lua_fail(L, fn);
-  if (t->device == RM_CPU && t->dtype != RM_BF16 && t->dtype != RM_F16) {
+  bool narrow = t->dtype == RM_BF16 || t->dtype == RM_F16;
+  if (t->device == RM_CPU && !narrow) {
     rm_tensor_hold(t);
     return t;
   }
-  rm_lua_errorf(L, "%s: reading a %s tensor on %s is not supported", fn, rm_dtype_name(t->dtype),
-                rm_device_name(t->device));
-  return NULL;
+  rm_tensor *src;
+  if (narrow) {
+    rm_attrs a;
+    rm_attrs_init(&a);
+    a.i[0] = RM_F32;
+    src = rm_op1(ctx, RM_OP_CAST, 1, &t, &a);
+  } else {
+    src = rm_contiguous(ctx, t);
+  }
+  if (!src) rm_lua_fail(L, fn);
+  if (src->device == RM_CPU) return src;
+  const rm_backend *b = rm_backend_get(ctx, src->device);
+  rm_tensor *out = b ? rm_tensor_new(ctx, src->dtype, RM_CPU, src->ndim, src->shape, RM_CAT_TEMP) : NULL;
+  int rc = out ? b->to_host(ctx, rm_tensor_ptr(out), rm_tensor_ptr(src), rm_tensor_nbytes(src)) : (int)ctx->err_code;
+  rm_tensor_drop(ctx, src);
+  if (rc != RM_OK) {
+    if (out) rm_tensor_drop(ctx, out);
+    rm_lua_fail(L, fn);
+  }
+  return out;
 }
 
 /* C.flat(t) -> flat table of values (row-major) */
@@ -477,6 +496,60 @@ static int64_t check_index(lua_State *L, rm_tensor *t, int kidx, const char *fn)
   return j;
 }
 
+/* x[{i, j, ...}]: reads the 1-based (or negative) indices of the table at kidx into
+ * idx (0-based), checked against t's sizes; returns how many there are (at most
+ * t->ndim: fewer select a sub-tensor, as many give an element). */
+static int table_index(lua_State *L, rm_tensor *t, int kidx, int64_t *idx, const char *fn) {
+  int n = (int)luaL_len(L, kidx);
+  if (n == 0) rm_lua_errorf(L, "%s: x[{}] has no indices", fn);
+  if (n > t->ndim)
+    rm_lua_errorf(L, "%s: %d indices for a %d-d tensor", fn, n, t->ndim);
+  for (int d = 0; d < n; d++) {
+    lua_rawgeti(L, kidx, d + 1);
+    int ok;
+    lua_Integer i = lua_tointegerx(L, -1, &ok);
+    if (!ok)
+      rm_lua_errorf(L, "%s: index %d must be an integer, got %s (ranges are not supported: use narrow)", fn,
+                    d + 1, luaL_typename(L, -1));
+    lua_pop(L, 1);
+    int64_t size = t->shape[d];
+    int64_t j = i < 0 ? size + i : i - 1;
+    if (i == 0 || j < 0 || j >= size)
+      rm_lua_errorf(L, "%s: index %I is out of range for dimension %d of size %I (indices are 1-based)", fn,
+                    (lua_Integer)i, d + 1, (lua_Integer)size);
+    idx[d] = j;
+  }
+  return n;
+}
+
+/* The element of t at the 0-based indices idx[0..ndim-1], pushed as a Lua number. */
+static int push_element(lua_State *L, rm_tensor *t, const int64_t *idx, const char *fn) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (rm_tensor_host_ready(ctx, t)) return rm_lua_fail(L, fn);
+  int64_t off = t->offset;
+  for (int d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
+  rm_tensor *v = rm_tensor_view_of(ctx, t, 0, t->shape, t->stride, off);
+  if (!v) return rm_lua_fail(L, fn);
+  rm_lua_push_tensor(L, v, fn);   /* owned by Lua: released even if reading raises */
+  rm_tensor *c = on_cpu(L, v, fn);
+  lua_pushnumber(L, elem(c, 0));
+  rm_tensor_drop(ctx, c);
+  return 1;
+}
+
+/* t with its first n dimensions selected at idx (a view). */
+static rm_tensor *select_prefix(lua_State *L, rm_tensor *t, int n, const int64_t *idx, const char *fn) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  rm_tensor_hold(t);
+  for (int d = 0; d < n; d++) {
+    rm_tensor *s = rm_select(ctx, t, 0, idx[d]);
+    rm_tensor_drop(ctx, t);
+    if (!s) rm_lua_fail(L, fn);
+    t = s;
+  }
+  return t;
+}
+
 static const char *const nofreed_check[] = { "free", "is_freed", "type", NULL };
 
 /* __index: x[i] (select along dim 1), x.grad, and methods (a freed tensor raises
@@ -486,7 +559,16 @@ static int t_index(lua_State *L) {
   if (lua_type(L, 2) == LUA_TNUMBER) {
     if (!b->t) return rm_lua_errorf(L, "index: the tensor was freed");
     int64_t j = check_index(L, b->t, 2, "index");
+    if (b->t->ndim == 1) return push_element(L, b->t, &j, "index");
     rm_lua_push_tensor(L, rm_select(rm_lua_ctx(L), b->t, 0, j), "index");
+    return 1;
+  }
+  if (lua_type(L, 2) == LUA_TTABLE) {
+    if (!b->t) return rm_lua_errorf(L, "index: the tensor was freed");
+    int64_t idx[RM_MAX_DIM];
+    int n = table_index(L, b->t, 2, idx, "index");
+    if (n == b->t->ndim) return push_element(L, b->t, idx, "index");
+    rm_lua_push_tensor(L, select_prefix(L, b->t, n, idx, "index"), "index");
     return 1;
   }
   if (lua_type(L, 2) != LUA_TSTRING) return 0;
@@ -539,6 +621,21 @@ static int t_newindex(lua_State *L) {
     rm_tensor_drop(ctx, v);
     return 0;
   }
+  if (lua_type(L, 2) == LUA_TTABLE) {
+    if (!b->t) return rm_lua_errorf(L, "index assignment: the tensor was freed");
+    if (b->t->requires_grad && ctx->grad_enabled)
+      return rm_lua_errorf(L, "index assignment: cannot write into a tensor that requires grad (use remat.no_grad or detach)");
+    int64_t idx[RM_MAX_DIM];
+    int n = table_index(L, b->t, 2, idx, "index assignment");
+    rm_tensor *v = select_prefix(L, b->t, n, idx, "index assignment");
+    rm_lua_push_tensor(L, v, "index assignment");
+    int vi = lua_gettop(L);
+    assign(L, v, 3, "index assignment");
+    rm_ltensor *vb = lua_touserdata(L, vi);
+    vb->t = NULL;
+    rm_tensor_drop(ctx, v);
+    return 0;
+  }
   if (lua_type(L, 2) == LUA_TSTRING && !strcmp(lua_tostring(L, 2), "grad")) {
     if (!b->t) return rm_lua_errorf(L, "grad: the tensor was freed");
     rm_tensor *t = b->t, *g = NULL;
@@ -547,6 +644,15 @@ static int t_newindex(lua_State *L) {
   }
   return rm_lua_errorf(L, "tensor: cannot set field '%s' (only x[i] and x.grad can be assigned)",
                        luaL_tolstring(L, 2, NULL));
+}
+
+/* ==, <, <= on tensors would compare handles (or nothing at all): a silent wrong answer
+ * in code such as `pred[i] == y[i]` on 2-d tensors. They raise instead and name the
+ * elementwise ops (masks) and the whole-tensor test. */
+static int t_compare(lua_State *L) {
+  return rm_lua_errorf(L, "tensor comparison: tensors cannot be compared with ==, <, <=, > or >= "
+                          "(use x:eq(y), x:lt(y), ... for a mask, x:equal(y) for a whole-tensor test, "
+                          "or x:item() / x[i] on a 1-d tensor for a number)");
 }
 
 /* __len: the size of the first dimension */
@@ -621,6 +727,9 @@ static const luaL_Reg tensor_mt[] = {
   { "__close", t_free },
   { "__newindex", t_newindex },
   { "__len", t_len },
+  { "__eq", t_compare },
+  { "__lt", t_compare },
+  { "__le", t_compare },
   { NULL, NULL },
 };
 

@@ -54,7 +54,7 @@ local function embedding(vocab, d, block)
     name = ("TokenPosition(%d, %d, block %d)"):format(vocab, d, block),
     tok = nn.Embedding(vocab, d),
     pos = nn.Embedding(block, d),
-    positions = remat.arange(1, block + 1),
+    positions = remat.arange(1, block),
     forward = function(self, x)
       local t = x:size(2)
       local idx <close> = self.positions:narrow(1, 1, t)

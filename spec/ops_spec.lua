@@ -5,7 +5,7 @@ local remat = require "remat"
 local kit = require "support.kit"
 local C = remat._C
 
-local families = { "elementwise", "random", "view", "reduce", "matmul", "norm", "index", "loss", "optim", "attention" }
+local families = { "elementwise", "random", "view", "reduce", "matmul", "norm", "index", "loss", "optim", "attention", "sort" }
 
 local function load_cases(K)
   local all = {}

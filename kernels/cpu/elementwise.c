@@ -384,6 +384,21 @@ RM_CPU_KERNEL(pow_scalar) {
   return RM_OK;
 }
 
+/* clamp(x, lo, hi) = min(max(x, lo), hi); NaN fails both tests and passes through. */
+RM_CPU_KERNEL(clamp) {
+  (void)nin; (void)nout;
+  if (out[0]->dtype == RM_F64) {
+    const double lo = a->f[0], hi = a->f[1];
+    LOOP1(double, a_ < lo ? lo : a_ > hi ? hi : a_, 1);
+  } else if (out[0]->dtype == RM_F32) {
+    const float lo = (float)a->f[0], hi = (float)a->f[1];
+    LOOP1(float, a_ < lo ? lo : a_ > hi ? hi : a_, 1);
+  } else {
+    return rm_fail(ctx, RM_ERR_DTYPE, "clamp: cpu does not support %s", rm_dtype_name(out[0]->dtype));
+  }
+  return RM_OK;
+}
+
 RM_CPU_KERNEL(fill) {
   (void)ctx; (void)nin; (void)in; (void)nout;
   int64_t n = rm_tensor_numel(out[0]);

@@ -287,3 +287,39 @@ const void *cu_contig_data(rm_ctx *ctx, const rm_tensor *t, void **scratch) {
   *scratch = p;
   return p;
 }
+
+/* ---- clamp (two scalars: its own kernel; semantics of kernels/cpu/elementwise.c) ---- */
+
+template <class T>
+__global__ void clamp_kernel(int64_t n, ew_geo g, bool contig, const T *x, T *__restrict__ y,
+                             double lo, double hi) {
+  typedef typename cu_acc<T>::type A;
+  const A l = (A)lo, h = (A)hi;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t o = i;
+    if (!contig) {
+      int64_t r = i;
+      o = 0;
+      for (int d = g.ndim - 1; d >= 0; d--) {
+        o += (r % g.shape[d]) * g.stride[0][d];
+        r /= g.shape[d];
+      }
+    }
+    A v = cu_ld(x + o);
+    cu_sv(y + i, v < l ? l : v > h ? h : v);
+  }
+}
+
+RM_CUDA_KERNEL(clamp) {
+  (void)nin; (void)nout;
+  int64_t n = cu_numel(out[0]);
+  if (n == 0) return RM_OK;
+  bool contig = cu_contig(in[0]);
+  ew_geo g = ew_merge(1, in, out[0]);
+  cudaStream_t st = cu_st(ctx)->stream;
+  CU_DISPATCH(ctx, "clamp", out[0]->dtype,
+              clamp_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>(n, g, contig, (const T *)cu_ptr(in[0]),
+                                                                  (T *)cu_ptr(out[0]), a->f[0], a->f[1]));
+  return CU_LAUNCHED(ctx, "clamp kernel");
+}

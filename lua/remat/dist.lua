@@ -364,7 +364,7 @@ function dist.ShardedAdamW(params, opts)
           i = { st.step, 1, C.double_bits(s.weight_decay) },
         }, { pv, gv, st.exp_avg, st.exp_avg_sq }, { pv, st.exp_avg, st.exp_avg_sq })
         C.free(pv); C.free(gv)
-        if gc ~= g then C.free(gc) end
+        if not rawequal(gc, g) then C.free(gc) end
         C.free(g)
       end
     end

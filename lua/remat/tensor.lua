@@ -2,11 +2,13 @@
 --
 -- Conventions (Torch7's, with PyTorch's where Torch7 had none):
 --   * dimensions and indices are 1-based; negative ones count from the end (-1: last);
---   * x[i] selects along dimension 1 (a view; a 1-d tensor gives a 0-d tensor);
+--   * x[i] selects along dimension 1: a view, except on a 1-d tensor where it is the
+--     element as a number (Torch7's); x[{i, j, ...}] is the element (one index per
+--     dimension) or the sub-tensor (fewer); == < <= on tensors raise (use eq/lt/... or equal);
 --   * factories take sizes as numbers or one table, then optionally a dtype and/or a
 --     device as strings, or an options table: remat.zeros(2, 3, "float64", "cuda"),
 --     remat.zeros({2, 3}, { dtype = "float64", device = "cuda", requires_grad = true });
---   * remat.arange(start, stop[, step]) excludes stop (PyTorch's arange, not Torch7's range);
+--   * remat.arange(start, stop[, step]) includes stop (Torch7's range): arange(n) is 1..n;
 --   * reductions drop the reduced dimension unless keepdim is true: x:sum(2, true);
 --   * x:to / x:contiguous / x:cpu / x:cuda return a new handle even when nothing changes
 --     (a view of the same data), so freeing or closing the result never frees x.
@@ -191,20 +193,23 @@ function remat.zeros_like(x) check_tensor("remat.zeros_like", x) return remat.ze
 function remat.ones_like(x) check_tensor("remat.ones_like", x) return remat.ones(x:shape(), x:dtype(), x:device()) end
 function remat.full_like(x, v) check_tensor("remat.full_like", x) return remat.full(x:shape(), v, x:dtype(), x:device()) end
 
--- arange(stop), arange(start, stop[, step], opts...): start, start+step, ... < stop.
+-- arange(stop), arange(start, stop[, step], opts...): start, start+step, ... up to and
+-- including stop (Torch7's range; 1-based like the rest of the API): arange(4) is 1..4,
+-- arange(0, 3) is 0..3, arange(1, 2, 0.25) is 1, 1.25, ..., 2. Float steps include stop
+-- when it is reached up to a relative 1e-9 of the step (rounding of (stop - start) / step).
 function remat.arange(...)
   local fn = "remat.arange"
   local args, n = { ... }, select("#", ...)
   local nums = 0
   while nums < n and type(args[nums + 1]) == "number" do nums = nums + 1 end
   if nums == 0 or nums > 3 then fail(fn .. ": expected (stop), (start, stop) or (start, stop, step)") end
-  local start, stop, step = 0, args[1], 1
+  local start, stop, step = 1, args[1], 1
   if nums >= 2 then start, stop = args[1], args[2] end
   if nums == 3 then step = args[3] end
   if step == 0 then fail(fn .. ": the step is 0") end
-  local count = math.ceil((stop - start) / step)
-  if count ~= count or count == math.huge then fail(fn .. ": the range is not finite") end
-  count = math.max(0, count)
+  local q = (stop - start) / step
+  if q ~= q or q == math.huge or q == -math.huge then fail(fn .. ": the range is not finite") end
+  local count = math.max(0, math.floor(q + 1e-9) + 1)
   if count > 2 ^ 40 then fail(("%s: %.0f values is absurd"):format(fn, count)) end
   local o = read_opts(fn, args, nums + 1, n, {})
   local cpu_dtype = o.dtype == "float64" and "float64" or "float32"
@@ -430,6 +435,63 @@ function Tensor:expand(...)
   return op("expand", { shape = out }, self)
 end
 
+-- unsqueeze(dim): a new size-1 dimension at dim (1..dim()+1; -1 appends one).
+function Tensor:unsqueeze(dim)
+  local nd = #info(self)
+  local d = check_int("unsqueeze", dim, "the dimension")
+  if d == 0 or d > nd + 1 or d < -(nd + 1) then
+    fail(("unsqueeze: dimension %d is out of range for a %d-d tensor (1..%d, or -1..-%d)"):format(d, nd, nd + 1, nd + 1))
+  end
+  return op("unsqueeze", { i = { d > 0 and d - 1 or d } }, self)
+end
+
+-- squeeze([dim]): drops dim if its size is 1 (every size-1 dimension without dim).
+function Tensor:squeeze(dim)
+  if dim == nil then return op("squeeze", { i = { DIM_ALL } }, self) end
+  return op("squeeze", { i = { cdim("squeeze", dim, #info(self)) } }, self)
+end
+
+-- permute(d1, d2, ...) or permute{...}: output dimension k is input dimension dk (a view).
+function Tensor:permute(...)
+  local p = ...
+  if type(p) ~= "table" then p = { ... } end
+  local nd = #info(self)
+  if #p ~= nd then fail(("permute: %d dimensions given for a %d-d tensor"):format(#p, nd)) end
+  local perm = {}
+  for k = 1, nd do perm[k] = cdim("permute", p[k], nd) end
+  return op("permute", { shape = perm }, self)
+end
+
+-- repeat_tensor(r1, r2, ...) or repeat_tensor{...}: self tiled r_k times along each
+-- dimension (Torch7's repeatTensor; `repeat` is a Lua keyword). More counts than
+-- dimensions add leading dimensions. A new contiguous tensor; differentiable.
+function Tensor:repeat_tensor(...)
+  local r = ...
+  if type(r) ~= "table" then r = { ... } end
+  local shape = info(self)
+  if #r < #shape then
+    fail(("repeat_tensor: %d counts for a %d-d tensor (at least one per dimension)"):format(#r, #shape))
+  end
+  if 2 * #r > 8 then fail(("repeat_tensor: at most 4 counts (got %d)"):format(#r)) end
+  local lead = #r - #shape
+  local src, expd, final = {}, {}, {}
+  for k = 1, #r do
+    local c = check_int("repeat_tensor", r[k], "count " .. k)
+    if c < 0 then fail(("repeat_tensor: count %d is negative (%d)"):format(k, c)) end
+    local s = k > lead and shape[k - lead] or 1
+    src[#src + 1], src[#src + 2] = 1, s
+    expd[#expd + 1], expd[#expd + 2] = c, s
+    final[k] = c * s
+  end
+  local v = self:contiguous()
+  local v2 = op("view", { shape = src }, v)
+  local e = op("expand", { shape = expd }, v2)
+  local c = op("copy", nil, e)
+  local out = op("view", { shape = final }, c)
+  C.free(v); C.free(v2); C.free(e); C.free(c)
+  return out
+end
+
 function Tensor:expand_as(other) return self:expand(info(check_tensor("expand_as", other))) end
 
 -- ---- arithmetic ----
@@ -509,6 +571,47 @@ function Tensor:max(dim, keepdim)
   end
   return v, i
 end
+-- min(dim) -> values, indices (1-based, the first minimum); min() -> the smallest value.
+function Tensor:min(dim, keepdim)
+  local v, i = op("min", reduce_attrs("min", self, dim, keepdim), self)
+  if dim == nil then
+    C.free(i)
+    return v
+  end
+  return v, i
+end
+
+-- clamp(lo, hi): values limited to [lo, hi]; either bound may be nil (no bound).
+function Tensor:clamp(lo, hi)
+  if lo ~= nil and type(lo) ~= "number" then fail("clamp: the lower bound must be a number or nil, got " .. describe(lo)) end
+  if hi ~= nil and type(hi) ~= "number" then fail("clamp: the upper bound must be a number or nil, got " .. describe(hi)) end
+  return op("clamp", { f = { lo or -math.huge, hi or math.huge } }, self)
+end
+
+-- sort([dim [, descending]]) -> values, indices (1-based): a stable sort along dim
+-- (default the last); NaN sorts above every number.
+function Tensor:sort(dim, descending)
+  local nd = #info(self)
+  if nd == 0 then fail("sort: expected at least a 1-d tensor, got a 0-d one") end
+  return op("sort", { i = { dim == nil and nd - 1 or cdim("sort", dim, nd), descending and 1 or 0 } }, self)
+end
+
+-- topk(k [, dim [, largest]]) -> values, indices (1-based) of the k largest (largest
+-- = false: smallest) along dim (default the last), in order; ties keep their order.
+function Tensor:topk(k, dim, largest)
+  local nd = #info(self)
+  if nd == 0 then fail("topk: expected at least a 1-d tensor, got a 0-d one") end
+  k = check_int("topk", k, "k")
+  return op("topk", { i = { dim == nil and nd - 1 or cdim("topk", dim, nd), k, largest == false and 0 or 1 } }, self)
+end
+
+-- cumsum(dim): running sums along dim (accumulated in float64).
+function Tensor:cumsum(dim)
+  local nd = #info(self)
+  if dim == nil then fail("cumsum: the dimension is required") end
+  return op("cumsum", { i = { cdim("cumsum", dim, nd), 0 } }, self)
+end
+
 function Tensor:argmax(dim, keepdim) return op("argmax", reduce_attrs("argmax", self, dim, keepdim), self) end
 
 -- softmax(dim) / log_softmax(dim); dim defaults to the last one.
@@ -532,6 +635,20 @@ for _, name in ipairs({ "eq", "ne", "lt", "le", "gt", "ge" }) do
   end
 end
 
+-- equal(other): true when both have the same shape and every element is equal (NaN never is).
+function Tensor:equal(other)
+  check_tensor("equal", other, "the other tensor")
+  local a, b = info(self), info(other)
+  if #a ~= #b then return false end
+  for d = 1, #a do if a[d] ~= b[d] then return false end end
+  if self:numel() == 0 then return true end
+  local m = self:ne(other)
+  local s = m:sum()
+  local v = s:item()
+  C.free(m); C.free(s)
+  return v == 0
+end
+
 -- where(cond, a, b): a where cond is nonzero, else b; a or b may be numbers.
 function remat.where(cond, a, b)
   local fn = "remat.where"
@@ -543,6 +660,16 @@ function remat.where(cond, a, b)
   local r = op("where", nil, cond, a, b)
   for _, t in ipairs(tmp) do C.free(t) end
   return r
+end
+
+-- masked_fill(mask, value): value where mask is nonzero, self elsewhere (a new tensor;
+-- mask broadcasts against self, as a comparison's result does).
+function Tensor:masked_fill(mask, value)
+  check_tensor("masked_fill", mask, "the mask")
+  if type(value) ~= "number" and not is_tensor(value) then
+    fail("masked_fill: the value must be a number or a tensor, got " .. describe(value))
+  end
+  return remat.where(mask, value, self)
 end
 
 -- cat({t1, t2, ...}, dim): concatenation along dim (default 1).

@@ -82,7 +82,7 @@ local function batch_source(fn, o)
 end
 
 local function free_tensor(t, keep1, keep2)
-  if is_tensor(t) and t ~= keep1 and t ~= keep2 and not C.is_freed(t) then t:free() end
+  if is_tensor(t) and not rawequal(t, keep1) and not rawequal(t, keep2) and not C.is_freed(t) then t:free() end
 end
 
 -- The standard loop: forward, loss, backward per micro-batch; optimizer step; zero grads.

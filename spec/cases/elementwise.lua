@@ -72,6 +72,11 @@ local unary = {
   mul_scalar = { s = -1.5, f = function(x, s) return x * s end },
   pow_scalar = { s = 3, f = function(x, s) return x ^ s end },
   rdiv_scalar = { s = 2, f = function(x, s) return s / x end, lo = 0.2, hi = 2, glo = 0.5, ghi = 2 },
+  -- bounds inside the sampled range; gradient points land on both sides of both bounds
+  clamp = { attrs = { f = { -0.4, 0.3 } }, f = function(x)
+    if x ~= x then return x end
+    return x < -0.4 and -0.4 or x > 0.3 and 0.3 or x
+  end },
 }
 
 -- f(a, b): reference; a and b ranges; ints: small integers (ties for comparisons);
@@ -189,7 +194,7 @@ return function(K)
 
   -- ---- unary and scalar ops ----
   for name, u in pairs(unary) do
-    local at = u.s and { f = { u.s } } or nil
+    local at = u.attrs or (u.s and { f = { u.s } }) or nil
     local lo, hi = u.lo or -1, u.hi or 1
     local glo, ghi = u.glo or lo, u.ghi or hi
     local function chk(ts) check_op(name, at, u.f, u.s, ts) end
@@ -239,6 +244,26 @@ return function(K)
   cases.pow_scalar.grad["exponents 2 and 0.5"] = function()
     kit.gradcheck(function(x) return op("pow_scalar", { f = { 2 } }, x) end, { { shape = { 5 } } })
     kit.gradcheck(function(x) return op("pow_scalar", { f = { 0.5 } }, x) end, { { shape = { 5 }, lo = 0.5, hi = 2 } })
+  end
+  cases.clamp.forward["one-sided bounds, equal bounds, bad bounds"] = function()
+    local t = K.tensor(SPECIAL, { #SPECIAL })
+    local function ref(lo, hi) return function(x)
+      if x ~= x then return x end
+      return x < lo and lo or x > hi and hi or x
+    end end
+    check_op("clamp", { f = { -inf, 0.25 } }, ref(-inf, 0.25), nil, { t })
+    check_op("clamp", { f = { 0, inf } }, ref(0, inf), nil, { t })
+    check_op("clamp", { f = { 0.5, 0.5 } }, ref(0.5, 0.5), nil, { t })
+    raises("clamp: the bounds must satisfy min <= max", op, "clamp", { f = { 1, 0 } }, t)
+  end
+  cases.clamp.grad["gradient passes at the bounds"] = function()
+    local x = C.from_table({ -0.4, 0.3, 0.0, 2.0 }, { 4 }, "float64")
+    C.requires_grad(x, true)
+    local y = op("clamp", { f = { -0.4, 0.3 } }, x)
+    local s = op("sum", { i = { math.mininteger, 0 } }, y)
+    C.backward(s)
+    local g = C.flat(C.grad(x))
+    assert(g[1] == 1 and g[2] == 1 and g[3] == 1 and g[4] == 0, "clamp gradient at the bounds: " .. table.concat(g, " "))
   end
   cases.relu.forward["negative zero and tiny values"] = function()
     check_op("relu", nil, unary.relu.f, nil, { K.tensor({ -0.0, 1e-30, -1e-30, 3 }, { 4 }) })

@@ -120,5 +120,89 @@ return function(K)
         end,
       },
     },
+    permute = {
+      forward = {
+        ["2x3x4 as (3, 1, 2): element (i, j, k) of the output is x[j][k][i]"] = function()
+          local t, v = K.rand_stored({ 2, 3, 4 })
+          local e = {}
+          for a = 0, 3 do for b = 0, 1 do for c = 0, 2 do e[#e + 1] = v[b * 12 + c * 4 + a + 1] end end end
+          K.check(op("copy", nil, op("permute", { shape = { 2, 0, 1 } }, t)), e, { 4, 2, 3 })
+        end,
+        ["of a non-contiguous view; identity; size-1 and 0-d"] = function()
+          local t, v = K.noncontig_stored({ 3, 4 })
+          local e = {}
+          for j = 0, 3 do for i = 0, 2 do e[#e + 1] = v[i * 4 + j + 1] end end
+          K.check(op("copy", nil, op("permute", { shape = { 1, 0 } }, t)), e, { 4, 3 })
+          K.check(op("copy", nil, op("permute", { shape = { 0, 1 } }, t)), v, { 3, 4 })
+          local u, uv = K.rand_stored({ 1, 5, 1 })
+          K.check(op("copy", nil, op("permute", { shape = { 2, 1, 0 } }, u)), uv, { 1, 5, 1 })
+          local z, zv = K.rand_stored({})
+          K.check(op("permute", { shape = {} }, z), zv, {})
+        end,
+        ["not a permutation is an error"] = function()
+          local t = K.rand({ 2, 3 })
+          kit.raises("permute: the dimensions are not a permutation of 1..2", op, "permute", { shape = { 0, 0 } }, t)
+          kit.raises("permute: 3 dimensions given for a 2-d tensor", op, "permute", { shape = { 0, 1, 2 } }, t)
+        end,
+      },
+      grad = {
+        ["2x3x4 as (3, 1, 2)"] = function()
+          kit.gradcheck(function(x) return op("permute", { shape = { 2, 0, 1 } }, x) end, { { shape = { 2, 3, 4 } } })
+        end,
+      },
+    },
+    squeeze = {
+      forward = {
+        ["every size-1 dim, one dim, a dim of another size stays"] = function()
+          local t, v = K.rand_stored({ 1, 3, 1, 2 })
+          K.check(op("squeeze", { i = { math.mininteger } }, t), v, { 3, 2 })
+          K.check(op("squeeze", { i = { 2 } }, t), v, { 1, 3, 2 })
+          K.check(op("squeeze", { i = { -4 } }, t), v, { 3, 1, 2 })
+          K.check(op("squeeze", { i = { 1 } }, t), v, { 1, 3, 1, 2 })
+          local one, ov = K.rand_stored({ 1, 1 })
+          K.check(op("squeeze", { i = { math.mininteger } }, one), ov, {})
+        end,
+        ["non-contiguous input keeps its strides"] = function()
+          local t, v = K.noncontig_stored({ 4, 1, 3 })
+          K.check(op("copy", nil, op("squeeze", { i = { 1 } }, t)), v, { 4, 3 })
+        end,
+        ["out of range is an error"] = function()
+          kit.raises("squeeze: dimension 3 is out of range", op, "squeeze", { i = { 2 } }, (K.rand({ 2, 1 })))
+        end,
+      },
+      grad = {
+        ["1x3x1x2, every dim"] = function()
+          kit.gradcheck(function(x) return op("squeeze", { i = { math.mininteger } }, x) end, { { shape = { 1, 3, 1, 2 } } })
+        end,
+      },
+    },
+    unsqueeze = {
+      forward = {
+        ["front, middle, end and from the end"] = function()
+          local t, v = K.rand_stored({ 2, 3 })
+          K.check(op("unsqueeze", { i = { 0 } }, t), v, { 1, 2, 3 })
+          K.check(op("unsqueeze", { i = { 1 } }, t), v, { 2, 1, 3 })
+          K.check(op("unsqueeze", { i = { 2 } }, t), v, { 2, 3, 1 })
+          K.check(op("unsqueeze", { i = { -1 } }, t), v, { 2, 3, 1 })
+          local z, zv = K.rand_stored({})
+          K.check(op("unsqueeze", { i = { 0 } }, z), zv, { 1 })
+        end,
+        ["non-contiguous input, then expanded along the new dim"] = function()
+          local t, v = K.noncontig_stored({ 3, 2 })
+          local u = op("unsqueeze", { i = { 1 } }, t)
+          local e = {}
+          for i = 0, 2 do for _ = 1, 4 do for j = 0, 1 do e[#e + 1] = v[i * 2 + j + 1] end end end
+          K.check(op("copy", nil, op("expand", { shape = { 3, 4, 2 } }, u)), e, { 3, 4, 2 })
+        end,
+        ["out of range is an error"] = function()
+          kit.raises("unsqueeze: dimension 4 is out of range for a 2-d tensor", op, "unsqueeze", { i = { 3 } }, (K.rand({ 2, 1 })))
+        end,
+      },
+      grad = {
+        ["2x3 at dim 2"] = function()
+          kit.gradcheck(function(x) return op("unsqueeze", { i = { 1 } }, x) end, { { shape = { 2, 3 } } })
+        end,
+      },
+    },
   }
 end

@@ -1,0 +1,199 @@
+/* Order statistics and scans along one dimension: min, sort, topk, cumsum.
+ *
+ * Attrs (dims 0-based, negatives count from the end):
+ *   min:    i[0] dim (RM_DIM_ALL: every dim), i[1] keepdim; outputs values, indices
+ *   sort:   i[0] dim, i[1] descending; outputs values, indices (same shape as x)
+ *   topk:   i[0] dim, i[1] k, i[2] largest (1) or smallest (0); outputs values, indices
+ *           (size k along dim), in sorted order
+ *   cumsum: i[0] dim, i[1] reverse (sums from the end)
+ *
+ * Order: ascending puts NaN last, descending first (NaN ranks above every number, as
+ * in PyTorch); ties keep their original order (stable). min: the first minimum, and
+ * the first NaN wins over numbers. Indices are 1-based values in x's dtype. cumsum
+ * accumulates in float64 on every backend, so float32 results match bit for bit. */
+#include <string.h>
+
+#include "ops.h"
+
+/* x's size along attr dim i[0] (normalised into *d). */
+static int sort_dim(rm_ctx *ctx, const char *op, rm_tensor *x, int64_t dim, int *d) {
+  if (x->ndim == 0) return rm_fail(ctx, RM_ERR_ARG, "%s: expected at least a 1-d tensor, got a 0-d one", op);
+  return rm_check_dim(ctx, op, dim, x->ndim, d);
+}
+
+static int min_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  rm_tensor *x = in[0];
+  rm_tensor_meta(x, &out[0]);
+  bool keep = a->i[1] != 0;
+  int64_t n;
+  if (a->i[0] == RM_DIM_ALL || x->ndim == 0) {
+    n = rm_tensor_numel(x);
+    if (keep) for (int k = 0; k < x->ndim; k++) out[0].shape[k] = 1;
+    else out[0].ndim = 0;
+  } else {
+    int d;
+    if (rm_check_dim(ctx, "min", a->i[0], x->ndim, &d)) return ctx->err_code;
+    n = x->shape[d];
+    if (keep) {
+      out[0].shape[d] = 1;
+    } else {
+      for (int k = d; k < x->ndim - 1; k++) out[0].shape[k] = out[0].shape[k + 1];
+      out[0].ndim--;
+    }
+  }
+  if (n == 0 && (a->i[0] == RM_DIM_ALL || rm_meta_numel(&out[0]) > 0)) {
+    char s[96];
+    return rm_fail(ctx, RM_ERR_SHAPE, "min: cannot reduce over an empty dimension (input %s)",
+                   rm_tensor_shape_str(x, s, sizeof s));
+  }
+  out[1] = out[0];
+  return RM_OK;
+}
+
+static int sort_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int d;
+  if (sort_dim(ctx, "sort", in[0], a->i[0], &d)) return ctx->err_code;
+  rm_tensor_meta(in[0], &out[0]);
+  out[1] = out[0];
+  return RM_OK;
+}
+
+static int topk_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int d;
+  if (sort_dim(ctx, "topk", in[0], a->i[0], &d)) return ctx->err_code;
+  if (a->i[1] < 0 || a->i[1] > in[0]->shape[d])
+    return rm_fail(ctx, RM_ERR_ARG, "topk: k = %lld is out of range for dimension %d of size %lld",
+                   (long long)a->i[1], d + 1, (long long)in[0]->shape[d]);
+  rm_tensor_meta(in[0], &out[0]);
+  out[0].shape[d] = a->i[1];
+  out[1] = out[0];
+  return RM_OK;
+}
+
+static int cumsum_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  int d;
+  if (sort_dim(ctx, "cumsum", in[0], a->i[0], &d)) return ctx->err_code;
+  rm_tensor_meta(in[0], &out[0]);
+  return RM_OK;
+}
+
+/* ---- backward ---- */
+
+/* g scattered (added) at the saved 1-based indices along dim d into zeros of x's shape:
+ * the gradient of every op here that picks elements (min, sort, topk). */
+static int scatter_back(rm_ctx *ctx, rm_node *n, rm_tensor *g, int d, rm_tensor **gin) {
+  rm_tensor *x = n->in[0];
+  rm_tensor *idx = rm_node_output(ctx, n, 1);
+  if (!idx) return ctx->err_code;
+  rm_attrs at;
+  rm_attrs_init(&at);
+  int64_t ks[RM_MAX_DIM];
+  int kn;
+  if (d < 0) {  /* min over every dim: on the flat view */
+    kn = 1;
+    ks[0] = 1;
+    at.i[0] = 0;
+    at.ndim = 1;
+    at.shape[0] = rm_tensor_numel(x);
+  } else {
+    kn = x->ndim;
+    memcpy(ks, idx->shape, sizeof(int64_t) * (size_t)kn);
+    at.i[0] = d;
+    at.ndim = x->ndim;
+    memcpy(at.shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+  }
+  rm_tensor *gk = rm_reshape(ctx, g, kn, ks);
+  rm_tensor *ik = gk ? rm_reshape(ctx, idx, kn, ks) : NULL;
+  rm_tensor *in[2] = { gk, ik };
+  rm_tensor *s = ik ? rm_op1(ctx, RM_OP_SCATTER_ADD, 2, in, &at) : NULL;
+  rm_tensor_drop(ctx, gk);
+  rm_tensor_drop(ctx, ik);
+  if (!s) return ctx->err_code;
+  if (d >= 0) { gin[0] = s; return RM_OK; }
+  gin[0] = rm_reshape(ctx, s, x->ndim, x->shape);
+  rm_tensor_drop(ctx, s);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+static int min_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *x = n->in[0];
+  int d = -1;
+  if (n->attrs.i[0] != RM_DIM_ALL && x->ndim > 0) rm_check_dim(ctx, "min", n->attrs.i[0], x->ndim, &d);
+  if (d >= 0 && !n->attrs.i[1]) {
+    /* the indices keep no dim; put it back as size 1 so that they line up with g */
+    int64_t ks[RM_MAX_DIM];
+    for (int k = 0; k < x->ndim; k++) ks[k] = k == d ? 1 : x->shape[k];
+    rm_tensor *idx = rm_node_output(ctx, n, 1);
+    if (!idx) return ctx->err_code;
+    rm_tensor *gk = rm_reshape(ctx, g[0], x->ndim, ks);
+    rm_tensor *ik = gk ? rm_reshape(ctx, idx, x->ndim, ks) : NULL;
+    rm_attrs at;
+    rm_attrs_init(&at);
+    at.i[0] = d;
+    at.ndim = x->ndim;
+    memcpy(at.shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+    rm_tensor *in[2] = { gk, ik };
+    gin[0] = ik ? rm_op1(ctx, RM_OP_SCATTER_ADD, 2, in, &at) : NULL;
+    rm_tensor_drop(ctx, gk);
+    rm_tensor_drop(ctx, ik);
+    return gin[0] ? RM_OK : ctx->err_code;
+  }
+  return scatter_back(ctx, n, g[0], d, gin);
+}
+
+static int sort_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  int d;
+  rm_check_dim(ctx, rm_op_name(n->op), n->attrs.i[0], n->in[0]->ndim, &d);
+  return scatter_back(ctx, n, g[0], d, gin);
+}
+
+/* The adjoint of a running sum is the running sum the other way. */
+static int cumsum_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_attrs at = n->attrs;
+  at.i[1] = !at.i[1];
+  gin[0] = rm_op1(ctx, RM_OP_CUMSUM, 1, g, &at);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* ---- cost ---- */
+
+static double numel_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)nin; (void)a; (void)out;
+  return (double)rm_tensor_numel(in[0]);
+}
+
+/* n log2 n comparisons per column (the CPU's merge sort). */
+static double sort_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)nin; (void)out;
+  int nd = in[0]->ndim;
+  int64_t d = a->i[0] < 0 ? a->i[0] + nd : a->i[0];
+  int64_t n = d >= 0 && d < nd ? in[0]->shape[d] : 1;
+  double lg = 1;
+  for (int64_t m = n; m > 1; m >>= 1) lg++;
+  return (double)rm_tensor_numel(in[0]) * lg;
+}
+
+/* ---- wrappers ---- */
+
+rm_tensor *rm_cumsum(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool reverse) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.i[0] = dim;
+  at.i[1] = reverse;
+  return rm_op1(ctx, RM_OP_CUMSUM, 1, &a, &at);
+}
+
+/* ---- definitions ---- */
+
+const rm_op_def rm_opdef_min = { .name = "min", .nin = 1, .nout = 2, .nvis = 2,
+  .save_out = 2, .nodiff_out = 2, .infer = min_infer, .backward = min_backward, .flops = numel_flops };
+const rm_op_def rm_opdef_sort = { .name = "sort", .nin = 1, .nout = 2, .nvis = 2,
+  .save_out = 2, .nodiff_out = 2, .infer = sort_infer, .backward = sort_backward, .flops = sort_flops };
+const rm_op_def rm_opdef_topk = { .name = "topk", .nin = 1, .nout = 2, .nvis = 2,
+  .save_out = 2, .nodiff_out = 2, .infer = topk_infer, .backward = sort_backward, .flops = sort_flops };
+const rm_op_def rm_opdef_cumsum = { .name = "cumsum", .nin = 1, .nout = 1, .nvis = 1,
+  .infer = cumsum_infer, .backward = cumsum_backward, .flops = numel_flops };
