@@ -35,8 +35,11 @@ LUA_LIB    := $(sort $(wildcard lua/remat/*.lua))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CORE_SRC) $(KERNEL_SRC) $(LUA_C_SRC)) \
            $(BUILD)/obj/lua_embedded.o
 
-# CUDA: built when nvcc is found, or forced with CUDA=1 / CUDA=0.
-CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
+# CUDA: built when nvcc is found, or forced with CUDA=1 / CUDA=0 (empty, as the rock
+# passes it when not given: found).
+ifeq ($(strip $(CUDA)),)
+override CUDA := $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
+endif
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
@@ -153,13 +156,17 @@ $(BUILD)/examples/%: examples/host/%.c examples/host/common.h core/remat.h $(BUI
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libremat.a $(LDLIBS)
 
-# remat.pc for hosts (pkg-config --cflags --libs remat), and `make install`, which a
-# rockspec (build type make) drives with INST_LIBDIR / INST_BINDIR set.
+# remat.pc for hosts (pkg-config --cflags --libs remat), and `make install PREFIX=...`
+# (default /usr/local), which the rockspec (build type make) drives with the INST_*
+# directories of the rock. The plugins (libremat_cuda.so, libremat_mpi.so) go beside
+# libremat.so, and also to INST_PLUGINDIR when set (the rock: beside remat.so);
+# core/plugin.c finds them from either.
 PREFIX       ?= /usr/local
 INST_LIBDIR  ?= $(PREFIX)/lib/lua/5.4
 INST_BINDIR  ?= $(PREFIX)/bin
 INST_INCDIR  ?= $(PREFIX)/include
 INST_CLIBDIR ?= $(PREFIX)/lib
+INST_PLUGINDIR ?=
 REMAT_VER    := $(shell sed -n 's/^\#define REMAT_VERSION "\(.*\)"/\1/p' core/remat.h)
 
 .PHONY: pkgconfig install remat-pc-force
@@ -180,7 +187,9 @@ install: all pkgconfig
 	install -m 644 $(BUILD)/libremat.a $(DESTDIR)$(INST_CLIBDIR)/libremat.a
 	install -m 755 $(BUILD)/libremat.so $(DESTDIR)$(INST_CLIBDIR)/libremat.so
 	install -m 644 $(BUILD)/remat.pc $(DESTDIR)$(INST_CLIBDIR)/pkgconfig/remat.pc
-	$(if $(CUDA_TARGET),install -m 755 $(CUDA_TARGET) $(DESTDIR)$(INST_CLIBDIR)/)
+	$(if $(PLUGINS),install -m 755 $(PLUGINS) $(DESTDIR)$(INST_CLIBDIR)/)
+	$(if $(and $(PLUGINS),$(INST_PLUGINDIR)),install -d $(DESTDIR)$(INST_PLUGINDIR) && \
+	  install -m 755 $(PLUGINS) $(DESTDIR)$(INST_PLUGINDIR)/)
 
 # Data parallelism (remat.dist): the MPI backend is its own shared object, built when
 # Open MPI is found (pkg-config ompi-c) and dlopen'ed by remat.dist.init(), so remat
@@ -192,6 +201,7 @@ MPI ?= $(if $(MPI_LIBS),1,0)
 NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/local/cuda/include/nccl.h /usr/include/nccl.h))
 NCCL_FLAGS := $(if $(NCCL_H),-DREMAT_NCCL -isystem $(dir $(NCCL_H)) $(if $(CUDA_HOME),-isystem $(CUDA_HOME)/include) -isystem /usr/local/cuda/include)
 MPI_TARGET := $(if $(filter 1,$(MPI)),$(BUILD)/libremat_mpi.so)
+PLUGINS = $(strip $(CUDA_TARGET) $(MPI_TARGET))
 MPIRUN ?= mpirun --allow-run-as-root --oversubscribe
 all: $(MPI_TARGET)
 

@@ -1,9 +1,13 @@
--- luarocks make remat-scm-1.rockspec   (from the source tree)
+-- luarocks --lua-version=5.4 make remat-scm-1.rockspec [CUDA=0]   (from the source tree)
 -- Builds with the project's Makefile (`make all`, then `make install` with the rock's
--- directories): the Lua module remat.so (the Lua library is embedded in it), the
--- `remat` command, and for C hosts libremat.a/.so, remat.h and remat.pc under the rock's
--- prefix. Lua 5.4 and OpenBLAS are found with pkg-config, as in a plain `make`; the
--- CUDA backend is built when nvcc is on the PATH (CUDA=0 in build_variables skips it).
+-- directories). Deployed into the tree: the Lua module remat.so (the Lua library is
+-- embedded in it) and its plugins libremat_cuda.so / libremat_mpi.so in lib/lua/5.4/,
+-- the `remat` command in bin/. For C hosts, libremat.a/.so, remat.h and remat.pc stay
+-- in the rock's directory, under host/:
+--   PKG_CONFIG_PATH=$(luarocks --lua-version=5.4 show --rock-dir remat)/host/lib/pkgconfig
+-- Lua 5.4 and OpenBLAS are found with pkg-config, as in a plain `make`. The CUDA
+-- backend is built when nvcc is on the PATH; CUDA=0 (or CUDA=1) decides. Without it
+-- luarocks warns "unmatched variable CUDA", and the Makefile looks for nvcc.
 rockspec_format = "3.0"
 package = "remat"
 version = "scm-1"
@@ -36,14 +40,19 @@ build = {
   build_target = "all",
   build_variables = {
     BUILD = "build-rock",
+    CUDA = "$(CUDA)",
   },
   install_target = "install",
   install_variables = {
     BUILD = "build-rock",
-    PREFIX = "$(PREFIX)",
+    CUDA = "$(CUDA)",
+    -- luarocks deploys the rock's lib/ into the tree's lib/lua/5.4/: only the module
+    -- and its plugins go there; what C hosts use stays in the rock, under host/.
+    PREFIX = "$(PREFIX)/host",
     INST_LIBDIR = "$(LIBDIR)",
+    INST_PLUGINDIR = "$(LIBDIR)",
     INST_BINDIR = "$(BINDIR)",
-    INST_INCDIR = "$(PREFIX)/include",
-    INST_CLIBDIR = "$(PREFIX)/lib",
+    INST_INCDIR = "$(PREFIX)/host/include",
+    INST_CLIBDIR = "$(PREFIX)/host/lib",
   },
 }

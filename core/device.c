@@ -7,37 +7,14 @@
 #include <string.h>
 
 #include "backend.h"
+#include "plugin.h"
 
 #define CUDA_LIB "libremat_cuda.so"
 
-/* The directory this code was loaded from (libremat.so, remat.so or the command). */
-static void self_dir(char *buf, size_t n) {
-  Dl_info info;
-  buf[0] = 0;
-  if (dladdr((void *)self_dir, &info) && info.dli_fname) {
-    snprintf(buf, n, "%s", info.dli_fname);
-    char *slash = strrchr(buf, '/');
-    if (slash) slash[1] = 0;
-    else buf[0] = 0;
-  }
-}
-
 const rm_backend *rm_cuda_backend_load(rm_ctx *ctx) {
-  char path[1024], dir[900];
-  const char *env = getenv("REMAT_CUDA_LIB");
-  void *h = NULL;
-  char why[256] = "";
-  if (env && *env) {
-    h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-  } else {
-    self_dir(dir, sizeof dir);
-    snprintf(path, sizeof path, "%s%s", dir, CUDA_LIB);
-    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) h = dlopen(CUDA_LIB, RTLD_NOW | RTLD_LOCAL);
-  }
+  char why[256];
+  void *h = rm_plugin_open(CUDA_LIB, "REMAT_CUDA_LIB", RTLD_NOW | RTLD_LOCAL, why, sizeof why);
   if (!h) {
-    const char *e = dlerror();
-    snprintf(why, sizeof why, "%s", e ? e : "not found");
     rm_fail(ctx, RM_ERR_DEVICE, "CUDA is not available: cannot load %s (%s)", CUDA_LIB, why);
     return NULL;
   }

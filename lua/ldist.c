@@ -13,6 +13,7 @@
 
 #include "lremat.h"
 #include "../core/backend.h"
+#include "../core/plugin.h"
 #include "../dist/dist_api.h"
 
 #define STATE_MT "remat.dist.State"
@@ -69,31 +70,12 @@ static bool under_mpirun(void) {
   return false;
 }
 
-/* Opens libremat_mpi.so (REMAT_MPI_LIB, else beside this code, else the loader's
- * path); NULL with why filled when it cannot. */
+/* Opens libremat_mpi.so (REMAT_MPI_LIB, else where rm_plugin_open looks); NULL with
+ * why filled when it cannot. Global: Open MPI's plugins resolve libmpi symbols against
+ * the process. */
 static const rm_dist_api *load_api(char *why, size_t n) {
-  const char *env = getenv("REMAT_MPI_LIB");
-  void *h = NULL;
-  if (env && *env) {
-    h = dlopen(env, RTLD_NOW | RTLD_GLOBAL);
-  } else {
-    Dl_info info;
-    char path[1024] = "";
-    if (dladdr((void *)load_api, &info) && info.dli_fname) {
-      snprintf(path, sizeof path, "%s", info.dli_fname);
-      char *slash = strrchr(path, '/');
-      if (slash) snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "%s", MPI_LIB);
-      else snprintf(path, sizeof path, "%s", MPI_LIB);
-    }
-    /* global: Open MPI's plugins resolve libmpi symbols against the process */
-    h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-    if (!h) h = dlopen(MPI_LIB, RTLD_NOW | RTLD_GLOBAL);
-  }
-  if (!h) {
-    const char *e = dlerror();
-    snprintf(why, n, "%s", e ? e : "not found");
-    return NULL;
-  }
+  void *h = rm_plugin_open(MPI_LIB, "REMAT_MPI_LIB", RTLD_NOW | RTLD_GLOBAL, why, n);
+  if (!h) return NULL;
   rm_dist_api_get_fn get = (rm_dist_api_get_fn)dlsym(h, RM_DIST_API_SYMBOL);
   const rm_dist_api *api = get ? get() : NULL;
   if (!api || api->abi != RM_DIST_ABI) {
@@ -112,8 +94,10 @@ static int l_init(lua_State *L) {
       char why[512];
       const rm_dist_api *api = load_api(why, sizeof why);
       if (!api)
-        return rm_lua_errorf(L, "dist.init: started by mpirun but the MPI backend cannot be loaded (%s); "
-                                "build remat with Open MPI installed (libopenmpi-dev) or set REMAT_MPI_LIB", why);
+        return rm_lua_errorf(L, "dist.init: started by mpirun but libremat_mpi.so cannot be loaded (%s); "
+                                "it is built when Open MPI's headers (libopenmpi-dev) are found, and looked for "
+                                "beside remat's library, where make install puts it, and on the loader's path; "
+                                "REMAT_MPI_LIB=/path/to/libremat_mpi.so names it", why);
       char err[RM_DIST_ERRLEN];
       if (api->init(&ds->rank, &ds->size, &ds->local_rank, err)) return rm_lua_errorf(L, "dist.init: %s", err);
       ds->api = api;

@@ -22,6 +22,12 @@ local function run(cmdline)
   return out, errout, code
 end
 
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
 local function has(cmd) return os.execute("command -v " .. cmd .. " > /dev/null 2>&1") == true end
 
 local function script(path, body)
@@ -85,5 +91,108 @@ describe("remat.so in another Lua #subprocess", function()
     assert.are.equal(0, code, err)
     assert.matches("^false\tremat: this module was built for Lua 5%.4[.%d]* but was loaded by another Lua", out)
     assert.matches("run it with lua5%.4", out)
+  end)
+end)
+
+-- The README line for linking a host against the static archive, with host.c and the
+-- output replaced.
+local function readme_static_line()
+  for line in files.read("README.md"):gmatch("[^\n]+") do
+    local cmd = line:match("^%s+(cc host%.c %-Icore build/libremat%.a .*)$")
+    if cmd then return cmd end
+  end
+end
+
+describe("make install into a prefix #subprocess", function()
+  local ENV = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
+
+  -- Installs the build (as it was built: with the plugins it has) into a new prefix.
+  local function install()
+    local root = files.tmpdir()
+    local _, err, code = run(("make -s install BUILD=%s PREFIX=%s CUDA=%d MPI=%d"):format(build, root,
+      exists(build .. "/libremat_cuda.so") and 1 or 0, exists(build .. "/libremat_mpi.so") and 1 or 0))
+    os.execute(("make -s pkgconfig BUILD=%s > /dev/null 2>&1"):format(build)) -- back to the default prefix
+    assert.are.equal(0, code, err)
+    return root
+  end
+
+  it("installs the module, the command, the C library, remat.pc and the plugins; a host builds with pkg-config", function()
+    local root = install()
+    for _, f in ipairs { "bin/remat", "lib/lua/5.4/remat.so", "include/remat.h", "lib/libremat.a",
+                         "lib/libremat.so", "lib/pkgconfig/remat.pc" } do
+      assert.is_true(exists(root .. "/" .. f), f .. " not installed")
+    end
+    for _, plugin in ipairs { "libremat_mpi.so", "libremat_cuda.so" } do
+      assert.are.equal(exists(build .. "/" .. plugin), exists(root .. "/lib/" .. plugin), plugin)
+    end
+    local sh = table.concat({
+      ("export PKG_CONFIG_PATH=%s/lib/pkgconfig"):format(root),
+      ("test \"$(pkg-config --variable=libdir remat)\" = %s/lib"):format(root),
+      ("cc -std=c11 -o %s/minimal examples/host/minimal.c $(pkg-config --cflags --libs remat) -Wl,-rpath,%s/lib"):format(root, root),
+      ("%s%s/minimal"):format(ENV, root),
+      ("LUA_CPATH='%s/lib/lua/5.4/?.so' lua5.4 -e 'print(require(\"remat\").ones(2):sum():item())'"):format(root),
+      ("%s/bin/remat -e 'print(require(\"remat\").version)'"):format(root),
+    }, " && ")
+    local out, err, code = run("sh -c " .. sh_quote(sh))
+    os.execute("rm -rf " .. sh_quote(root))
+    assert.are.equal(0, code, out .. err)
+    assert.matches("^200 steps, loss [%d.]+\n2%.0?\n0%.1%.0\n$", out)
+  end)
+
+  it("remat.dist finds the installed libremat_mpi.so from the command and the module", function()
+    local why = not has("mpirun") and "mpirun not found"
+      or not exists(build .. "/libremat_mpi.so") and "libremat_mpi.so was not built" or nil
+    if not need.required("mpi") and why then return pending(why) end
+    assert.is_nil(why)
+    local root = install()
+    local mpirun = "timeout 60 mpirun --allow-run-as-root --oversubscribe -np 1 "
+    local code_ = "local r = require(\"remat\"); print(r.dist.init().backend())"
+    local out, err, code = run(("%s %s/bin/remat -e '%s' && %s env LUA_CPATH='%s/lib/lua/5.4/?.so' lua5.4 -e '%s'"):format(
+      mpirun, root, code_, mpirun, root, code_))
+    os.execute("rm -rf " .. sh_quote(root))
+    assert.are.equal(0, code, out .. err)
+    assert.are.equal("mpi\nmpi\n", out)
+  end)
+
+  it("the README's static-link line builds a host", function()
+    local cmd = readme_static_line()
+    assert.is_not_nil(cmd, "README.md has no `cc host.c -Icore build/libremat.a ...` line")
+    local d = files.tmpdir()
+    cmd = cmd:gsub("^cc host%.c", "cc -std=c11 -o " .. d .. "/minimal examples/host/minimal.c"):gsub("build/libremat%.a", build .. "/libremat.a")
+    local out, err, code = run(cmd .. " && " .. ENV .. d .. "/minimal")
+    os.execute("rm -rf " .. sh_quote(d))
+    assert.are.equal(0, code, cmd .. "\n" .. out .. err)
+    assert.matches("^200 steps, loss", out)
+  end)
+end)
+
+describe("the rock #subprocess", function()
+  local why = not has("luarocks") and "luarocks not installed (apt-get install luarocks)" or nil
+  if not need.check("luarocks", why) then return end
+
+  it("luarocks make (CUDA=0) into a tree: require \"remat\" from lua5.4, the command, and remat.pc for hosts", function()
+    local tree = files.tmpdir()
+    local jobs = "MAKEFLAGS=-j" .. (io.popen("nproc"):read("n") or 2)
+    local out, err, code = run(("%s luarocks --lua-version=5.4 --tree=%s make remat-scm-1.rockspec CUDA=0"):format(jobs, tree))
+    assert.are.equal(0, code, out .. err)
+    local lib = tree .. "/lib/lua/5.4/"
+    assert.is_true(exists(lib .. "remat.so"))
+    assert.is_false(exists(lib .. "libremat_cuda.so"), "CUDA=0 was ignored")
+    for _, f in ipairs { "libremat.a", "libremat.so", "pkgconfig/remat.pc" } do
+      assert.is_false(exists(lib .. f), f .. " is in the Lua module directory")
+    end
+    local sh = table.concat({
+      ("LUA_CPATH='%s?.so' lua5.4 -e 'local r = require(\"remat\"); print(r.version, r.ones(3):sum():item())'"):format(lib),
+      ("%s/bin/remat -v"):format(tree),
+      ("export PKG_CONFIG_PATH=\"$(luarocks --lua-version=5.4 --tree=%s show --rock-dir remat)/host/lib/pkgconfig\""):format(tree),
+      "test -f \"$(pkg-config --variable=libdir remat)/libremat.so\"",
+      "test -f \"$(pkg-config --variable=includedir remat)/remat.h\"",
+      "echo host-ok",
+    }, " && ")
+    out, err, code = run("sh -c " .. sh_quote(sh))
+    os.execute("rm -rf " .. sh_quote(tree))
+    assert.are.equal(0, code, out .. err)
+    assert.matches("^0%.1%.0\t3%.0?\nremat 0%.1%.0", out)
+    assert.matches("host%-ok\n$", out)
   end)
 end)
