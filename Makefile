@@ -24,7 +24,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes
 OPT     ?= -O2 -march=x86-64-v2
 SAN     ?=
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fPIC -fopenmp $(SAN) $(PKG_CFLAGS) -Icore
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -fPIC -fopenmp -fno-math-errno $(SAN) $(PKG_CFLAGS) -Icore
 LDLIBS  := $(PKG_LIBS) -lz -lm -ldl -fopenmp $(SAN)
 
 CORE_SRC   := $(wildcard core/*.c)

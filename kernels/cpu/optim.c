@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "fastmath.h"
 
 /* rm_op_into does not run infer: run it here, then make sure the outputs can take the
  * result (same shape, dtype and device as param, contiguous) and the inputs are
@@ -88,6 +89,57 @@ RM_CPU_KERNEL(sgd_step) {
     }                                                                                        \
   } while (0)
 
+/* The float32 step in place (the optimizers' usual call: outputs are the inputs), one
+ * vectorised loop per ISA (RM_FM_MULTIVERSION): the scalar loop above was 15% of a
+ * small MLP's step. The same operations in the same order as ADAM_LOOP, so the same
+ * bits; the branches of ADAM_LOOP become constant arguments of one inlined loop
+ * (decay: 0 none, 1 decoupled, 2 into the gradient; lo: LERP's w < 0.5 side). */
+static inline __attribute__((always_inline)) void adam_loop(float *restrict p, const float *restrict g,
+                                                             float *restrict m, float *restrict v, int64_t n,
+                                                             const float *k, const int decay, const bool lo) {
+  const float w1 = k[0], beta2 = k[1], c2 = k[2], eps = k[3], step_size = k[4];
+  const float bc2_sqrt = k[5], dec = k[6], wdt = k[7];
+  _Pragma("omp simd")
+  for (int64_t i = 0; i < n; i++) {
+    float pi = p[i], gi = g[i], mi = m[i], vi = v[i];
+    if (decay == 1) pi = pi * dec;
+    if (decay == 2) gi = gi + wdt * pi;
+    mi = lo ? mi + w1 * (gi - mi) : gi - (gi - mi) * (1 - w1);
+    vi = vi * beta2 + c2 * gi * gi;
+    float denom = sqrtf(vi) / bc2_sqrt + eps;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi + (-step_size) * (mi / denom);
+  }
+}
+
+RM_FM_MULTIVERSION(void, adam_f32,
+                   (float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
+                    int64_t n, const float *k, int decay),
+                   (p, g, m, v, n, k, decay), {
+                     if (k[0] < 0.5f) {
+                       if (decay == 1) adam_loop(p, g, m, v, n, k, 1, true);
+                       else if (decay == 2) adam_loop(p, g, m, v, n, k, 2, true);
+                       else adam_loop(p, g, m, v, n, k, 0, true);
+                     } else {
+                       if (decay == 1) adam_loop(p, g, m, v, n, k, 1, false);
+                       else if (decay == 2) adam_loop(p, g, m, v, n, k, 2, false);
+                       else adam_loop(p, g, m, v, n, k, 0, false);
+                     }
+                   })
+
+/* Chunks of adam_f32 under OpenMP; k: the float constants of ADAM_LOOP. */
+static void adam_f32_inplace(float *p, const float *g, float *m, float *v, int64_t n, const float *k,
+                             int decay) {
+  const int64_t chunk = 16384;
+  int64_t nchunk = (n + chunk - 1) / chunk;
+  _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")
+  for (int64_t c = 0; c < nchunk; c++) {
+    int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
+    adam_f32(p + lo, g + lo, m + lo, v + lo, len, k, decay);
+  }
+}
+
 RM_CPU_KERNEL(adamw_step) {
   if (check_step(ctx, RM_OP_ADAMW_STEP, nin, in, nout, out, a)) return ctx->err_code;
   int64_t n = rm_tensor_numel(in[0]);
@@ -96,6 +148,13 @@ RM_CPU_KERNEL(adamw_step) {
   bool decoupled = a->i[1] != 0;
   double bc1 = 1.0 - pow(b1, (double)a->i[0]), bc2 = 1.0 - pow(b2, (double)a->i[0]);
   if (in[0]->dtype == RM_F64) ADAM_LOOP(double, sqrt);
-  else ADAM_LOOP(float, sqrtf);
+  else if (rm_tensor_ptr(out[0]) == rm_tensor_ptr(in[0]) && rm_tensor_ptr(out[1]) == rm_tensor_ptr(in[2]) &&
+           rm_tensor_ptr(out[2]) == rm_tensor_ptr(in[3]) && rm_tensor_ptr(in[1]) != rm_tensor_ptr(in[0]) &&
+           rm_tensor_ptr(in[1]) != rm_tensor_ptr(in[2]) && rm_tensor_ptr(in[1]) != rm_tensor_ptr(in[3])) {
+    const float k[8] = { (float)(1.0 - b1), (float)b2, (float)(1.0 - b2), (float)a->f[3], (float)(lr / bc1),
+                         (float)sqrt(bc2), (float)(1.0 - lr * wd), (float)wd };
+    adam_f32_inplace(rm_tensor_ptr(out[0]), rm_tensor_ptr(in[1]), rm_tensor_ptr(out[1]), rm_tensor_ptr(out[2]),
+                     n, k, decoupled ? 1 : wd != 0 ? 2 : 0);
+  } else ADAM_LOOP(float, sqrtf);
   return RM_OK;
 }
