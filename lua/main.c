@@ -14,11 +14,12 @@ int rm_repl(lua_State *L);
 /* Prints the usage text on f; returns 0. */
 static int usage(FILE *f) {
   fputs("usage: remat [options] [script.lua [args...]]\n"
-        "  -e code   run code\n"
+        "  -e code   run code (remat, nn, optim and policy are predefined, as in the REPL)\n"
         "  -v        print the version\n"
         "  -h        this help\n"
         "  -         run the script on standard input\n"
-        "  remat plan SCRIPT [--budget B]   print a model script's checkpoint plan\n"
+        "  remat plan SCRIPT [--budget B | --policy P]   print a model script's checkpoint plan\n"
+        "                                    (remat plan --help for more)\n"
         "With no script, remat starts a REPL (plain lines, no prompt, when the input is not a terminal).\n", f);
   return 0;
 }
@@ -33,10 +34,10 @@ static void set_args(lua_State *L, char **argv, int argc, int script) {
   lua_setglobal(L, "arg");
 }
 
-static int report(lua_State *L, int status) {
+static int report(lua_State *L, int status, const char *who) {
   if (status != LUA_OK) {
     const char *msg = lua_tostring(L, -1);
-    fprintf(stderr, "remat: %s\n", msg ? msg : "(error object is not a string)");
+    fprintf(stderr, "%s: %s\n", who, msg ? msg : "(error object is not a string)");
     lua_pop(L, 1);
   }
   return status;
@@ -50,13 +51,34 @@ static int msgh(lua_State *L) {
 }
 
 static int run_chunk(lua_State *L, int loadrc, int nargs) {
-  if (loadrc != LUA_OK) return report(L, loadrc);
+  if (loadrc != LUA_OK) return report(L, loadrc, "remat");
   int base = lua_gettop(L) - nargs;
   lua_pushcfunction(L, msgh);
   lua_insert(L, base);
   int rc = lua_pcall(L, nargs, 0, base);
   lua_remove(L, base);
-  return report(L, rc);
+  return report(L, rc, "remat");
+}
+
+/* `remat plan`: its errors are the user's (a bad flag, a script that is not
+ * plannable, an error in the script, located at its line): no traceback. */
+static int run_plan(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "remat.plancmd");
+  return report(L, lua_pcall(L, 1, 0, 0), "remat plan");
+}
+
+/* For -e, the globals the REPL has: remat, nn, optim, policy. */
+static void predefine(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "remat");
+  lua_call(L, 1, 1);
+  static const char *const parts[] = { "nn", "optim", "policy", NULL };
+  for (int k = 0; parts[k]; k++) {
+    lua_getfield(L, -1, parts[k]);
+    lua_setglobal(L, parts[k]);
+  }
+  lua_setglobal(L, "remat");
 }
 
 /* `remat -v`: the version and what runs (rm_get_info). */
@@ -88,6 +110,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "-e")) {
       if (i + 1 >= argc) { fputs("remat: -e needs an argument\n", stderr); lua_close(L); return 1; }
       set_args(L, argv, argc, 0);
+      predefine(L);
       status = run_chunk(L, luaL_loadbuffer(L, argv[i + 1], strlen(argv[i + 1]), "=(command line)"), 0);
       i++;
       if (status != LUA_OK) { lua_close(L); return 1; }
@@ -106,9 +129,7 @@ int main(int argc, char **argv) {
   }
   if (i < argc && !strcmp(argv[i], "plan")) {
     set_args(L, argv, argc, i);
-    lua_getglobal(L, "require");
-    lua_pushliteral(L, "remat.plancmd");
-    status = run_chunk(L, LUA_OK, 1);
+    status = run_plan(L);
   } else if (i < argc) {
     set_args(L, argv, argc, i);
     int nargs = argc - i - 1;

@@ -82,6 +82,7 @@ static const char *const HELPERS =
   "    end\n"
   "  end\n"
   "  if remat.is_tensor and remat.is_tensor(v) then add(remat.Tensor); seen.grad = true; out[#out + 1] = 'grad'; return out end\n"
+  "  if remat.nn and remat.nn.is_module and remat.nn.is_module(v) then add(remat.nn.Module); return out end\n"
   "  for _ = 1, 8 do\n"
   "    if type(v) == 'table' then add(v) elseif type(v) == 'string' then add(string) break else break end\n"
   "    local m = getmetatable(v)\n"
@@ -98,6 +99,7 @@ static const char *const HELPERS =
   "    for name in head:gmatch('[^%.:]+') do\n"
   "      if type(base) == 'table' then base = rawget(base, name)\n"
   "      elseif remat.is_tensor and remat.is_tensor(base) then base = name == 'grad' and base.grad or remat.Tensor[name]\n"
+  "      elseif type(base) == 'userdata' then local ok, v = pcall(function() return base[name] end); base = ok and v or nil\n"
   "      else return cands end\n"
   "      if base == nil then return cands end\n"
   "    end\n"
@@ -253,6 +255,63 @@ static void run(lua_State *L, int timing) {
   lua_settop(L, base - 1);
 }
 
+static const char *const HELP =
+  ":help           this text\n"
+  ":quit           leave (Ctrl-D and os.exit() too)\n"
+  ":time           time every line from now on; :time on, :time off\n"
+  ":time CODE      run CODE and print the time it took\n"
+  ":complete TEXT  what Tab completes TEXT to (globals, fields, methods after ':')\n"
+  "Other lines are Lua; an expression (or =expr) prints its values.\n";
+
+/* Prints what Tab would complete text to, one per line. */
+static void print_completions(lua_State *L, const char *text) {
+  int top = lua_gettop(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, complete_ref);
+  lua_pushstring(L, text);
+  if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_istable(L, -1)) {
+    lua_Integer n = luaL_len(L, -1);
+    for (lua_Integer k = 1; k <= n; k++) {
+      lua_rawgeti(L, -1, k);
+      printf("%s\n", lua_tostring(L, -1));
+      lua_pop(L, 1);
+    }
+  }
+  fflush(stdout);
+  lua_settop(L, top);
+}
+
+enum { CMD_NONE, CMD_DONE, CMD_QUIT, CMD_TIME_CODE };
+
+/* A line starting with ':' (not a '::label::') is a command. *timing is the :time
+ * setting; for ":time CODE" the code is moved to the start of line. */
+static int command(lua_State *L, char *line, const char *s, int *timing) {
+  if (s[0] != ':' || s[1] == ':') return CMD_NONE;
+  const char *name = s + 1;
+  size_t n = strcspn(name, " \t");
+  const char *rest = name + n;
+  while (*rest == ' ' || *rest == '\t') rest++;
+#define IS(w) (n == strlen(w) && !strncmp(name, w, n))
+  if (IS("quit") || IS("q")) return CMD_QUIT;
+  if (IS("help") || IS("h")) {
+    fputs(HELP, stdout);
+  } else if (IS("time")) {
+    if (*rest && strcmp(rest, "on") && strcmp(rest, "off")) {
+      memmove(line, rest, strlen(rest) + 1);
+      return CMD_TIME_CODE;
+    }
+    *timing = *rest ? !strcmp(rest, "on") : !*timing;
+    printf("timing %s\n", *timing ? "on" : "off");
+  } else if (IS("complete")) {
+    print_completions(L, rest);
+  } else {
+    fprintf(stderr, "unknown command :%.*s (:help lists the commands)\n", (int)n, name);
+    fflush(stderr);
+  }
+#undef IS
+  fflush(stdout);
+  return CMD_DONE;
+}
+
 /* Defines the globals remat, nn, optim, policy and loads the helpers. */
 static int setup(lua_State *L) {
   lua_getglobal(L, "require");
@@ -294,10 +353,10 @@ int rm_repl(lua_State *L) {
       if (read_history(hist) != 0) write_history(hist);
       history_truncate_file(hist, 1000);
     }
-    printf("remat %s (%s): remat, nn, optim and policy are loaded; :time times each line; Ctrl-D exits\n",
+    printf("remat %s (%s): remat, nn, optim and policy are loaded; :help lists the commands\n",
            REMAT_VERSION, LUA_RELEASE);
   }
-  int timing = 0;
+  int timing = 0, time_once = 0;
   char *code = NULL;      /* the chunk being accumulated over lines */
   size_t code_n = 0;
   for (;;) {
@@ -306,13 +365,10 @@ int rm_repl(lua_State *L) {
     if (!code) {
       const char *s = line;
       while (*s == ' ' || *s == '\t') s++;
-      if (!strncmp(s, ":time", 5) && (s[5] == 0 || s[5] == ' ')) {
-        timing = !timing;
-        printf("timing %s\n", timing ? "on" : "off");
-        fflush(stdout);
-        free(line);
-        continue;
-      }
+      int cmd = command(L, line, s, &timing);
+      if (cmd == CMD_QUIT) { free(line); break; }
+      if (cmd == CMD_DONE) { free(line); continue; }
+      if (cmd == CMD_TIME_CODE) { time_once = 1; s = line; }
       if (!*s) { free(line); continue; }
       if (*s == '=') memmove(line, s + 1, strlen(s + 1) + 1);
     }
@@ -331,7 +387,7 @@ int rm_repl(lua_State *L) {
       if (hist) append_history(1, hist);
     }
     if (rc == LUA_OK) {
-      run(L, timing);
+      run(L, timing || time_once);
     } else {
       fprintf(stderr, "%s\n", lua_tostring(L, -1));
       fflush(stderr);
@@ -340,6 +396,7 @@ int rm_repl(lua_State *L) {
     free(code);
     code = NULL;
     code_n = 0;
+    time_once = 0;
   }
   if (code) {  /* input ended inside an incomplete chunk: report its syntax error */
     luaL_loadbuffer(L, code, code_n, "=stdin");

@@ -21,11 +21,13 @@ local cli = require "remat.cli"
 
 local argv = { ... } -- as `remat SCRIPT args` and `remat plan` pass them
 
+-- msg nil: --help (the usage on stdout, exit 0).
 local function usage(msg)
-  io.stderr:write("models/gpt.lua: ", msg, "\n",
-    "usage: remat models/gpt.lua [TEXT] [--steps N] [--dim N] [--layers N] [--heads N] [--block N]\n",
-    "       [--batch N] [--lr X] [--dropout P] [--policy none|sqrt|every:K|selective|budget:B]\n",
-    "       [--every N] [--sample N] [--temperature T] [--seed N] [--save PATH] [--quick]\n")
+  local text = "usage: remat models/gpt.lua [TEXT] [--steps N] [--dim N] [--layers N] [--heads N] [--block N]\n"
+    .. "       [--batch N] [--lr X] [--dropout P] [--policy none|sqrt|every:K|selective|budget:B]\n"
+    .. "       [--every N] [--sample N] [--temperature T] [--seed N] [--save PATH] [--quick]\n"
+  if not msg then io.write(text) os.exit(0) end
+  io.stderr:write("models/gpt.lua: ", msg, "\n", text)
   os.exit(2)
 end
 

@@ -22,10 +22,12 @@ local cli = require "remat.cli"
 
 local argv = { ... } -- as `remat SCRIPT args` and `remat plan` pass them
 
+-- msg nil: --help (the usage on stdout, exit 0).
 local function usage(msg)
-  io.stderr:write("models/mlp.lua: ", msg, "\n",
-    "usage: remat models/mlp.lua [--epochs N] [--batch N] [--blocks N] [--width N] [--lr X]\n",
-    "       [--budget 60%|BYTES|none] [--every N] [--seed N] [--save PATH] [--quick]\n")
+  local text = "usage: remat models/mlp.lua [--epochs N] [--batch N] [--blocks N] [--width N] [--lr X]\n"
+    .. "       [--budget 60%|BYTES|none] [--every N] [--seed N] [--save PATH] [--quick]\n"
+  if not msg then io.write(text) os.exit(0) end
+  io.stderr:write("models/mlp.lua: ", msg, "\n", text)
   os.exit(2)
 end
 

@@ -93,6 +93,12 @@ describe("the remat command", function()
     assert.are.equal("x\ty\n", out)
   end)
 
+  it("-e has the REPL's globals: remat, nn, optim, policy", function()
+    local out, err, code = run([[-e 'print(remat.version, rawequal(nn, remat.nn), rawequal(optim, remat.optim), rawequal(policy, remat.policy))']])
+    assert.are.equal(0, code, err)
+    assert.are.equal("0.1.0\ttrue\ttrue\ttrue\n", out)
+  end)
+
   it("the library prints nothing of its own", function()
     local out, err, code = run([[-e 'local r = require "remat"; r.cuda.available(); local x = r.ones(3); x:free(); pcall(function() return x:sum() end)']])
     assert.are.equal(0, code)

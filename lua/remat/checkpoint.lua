@@ -124,19 +124,49 @@ end
 
 PlanReport.__tostring = function(r)
   local fmt = remat.memory.format
+  local w = #"module"
+  for _, l in ipairs(r.layers) do w = math.max(w, #l.name) end
+  local row = "%5s  %-" .. w .. "s %-10s %12s %12s %10s"
   local lines = { ("plan for %s: %d layers"):format(r.policy, #r.layers),
-    ("%5s  %-22s %-10s %12s %12s %10s"):format("layer", "module", "action", "saved", "output", "flops") }
+    row:format("layer", "module", "action", "saved", "output", "flops") }
   for _, l in ipairs(r.layers) do
-    local action = l.action
-    if l.selective then action = "selective" end
-    lines[#lines + 1] = ("%5d  %-22s %-10s %12s %12s %10s"):format(l.index, l.name:sub(1, 22), action,
-      fmt(l.saved_bytes), fmt(l.output_bytes), fmt_flops(l.flops))
-    if l.selective then lines[#lines] = lines[#lines] .. "  {" .. table.concat(l.selective, ", ") .. "}" end
+    local line = row:format(l.index, l.name, l.action, fmt(l.saved_bytes), fmt(l.output_bytes), fmt_flops(l.flops))
+    if l.selective then
+      line = line .. (#l.recomputes > 0 and "  recomputes {" .. table.concat(l.recomputes, ", ") .. "}"
+        or "  (has no output of {" .. table.concat(l.selective, ", ") .. "} to drop)")
+    end
+    lines[#lines + 1] = line
   end
+  lines[#lines + 1] = "saved: activation bytes the layer allocates in forward that stay alive for backward"
   lines[#lines + 1] = ("predicted peak activation: %s (keep everything: %s)"):format(fmt(r.predicted_peak), fmt(r.keep_peak))
   lines[#lines + 1] = ("recompute: %s (%.1f%% of the forward's %s)"):format(fmt_flops(r.recompute_flops),
     r.flops > 0 and 100 * r.recompute_flops / r.flops or 0, fmt_flops(r.flops))
   return table.concat(lines, "\n")
+end
+
+-- For each selective layer of plan, the ops among those it names whose outputs it
+-- really stops keeping: each op alone made selective on those layers, in a dry run,
+-- must lower the layer's saved bytes below keeping everything.
+local function recomputed_ops(model, x, loss, plan, keep)
+  local res, by_op = {}, {}
+  for i, a in ipairs(plan) do
+    if a.action == "selective" then
+      res[i] = {}
+      for _, op in ipairs(a.ops) do
+        if not by_op[op] then
+          local p = {}
+          for k, b in ipairs(plan) do
+            local named = false
+            for _, o in ipairs(b.ops or {}) do named = named or o == op end
+            p[k] = (b.action == "selective" and named) and { action = "selective", ops = { op } } or { action = "keep" }
+          end
+          by_op[op] = C.plan_simulate(model, x, p, loss, true).layers
+        end
+        if by_op[op][i].saved < keep.layers[i].saved then res[i][#res[i] + 1] = op end
+      end
+    end
+  end
+  return res
 end
 
 -- The plan the model's policy (or opts.policy) gives for input x, with its predicted
@@ -160,14 +190,15 @@ function Module:plan(x, opts)
     plan = p.resolve(#self)
   end
   local sim = C.plan_simulate(self, x, plan, opts.loss, true)
-  local keep = C.plan_simulate(self, x, false, opts.loss, false)
+  local keep = C.plan_simulate(self, x, false, opts.loss, true)
+  local recomputes = recomputed_ops(self, x, opts.loss, plan, keep)
   local info = C.layer_info(self)
   local report = setmetatable({ policy = tostring(p), layers = {}, predicted_peak = sim.peak,
     recompute_flops = sim.recompute_flops, flops = sim.flops, keep_peak = keep.peak, base = sim.base }, PlanReport)
   for i, l in ipairs(sim.layers) do
     report.layers[i] = {
       index = i, name = info[i].describe, type = info[i].type, action = plan[i].action,
-      selective = plan[i].action == "selective" and plan[i].ops or nil,
+      selective = plan[i].action == "selective" and plan[i].ops or nil, recomputes = recomputes[i],
       saved_bytes = l.saved, output_bytes = l.out_bytes, flops = l.flops, param_bytes = l.param_bytes,
       recompute_flops = l.recompute_flops,
     }

@@ -1,32 +1,43 @@
 -- Command-line flags for scripts run as `remat SCRIPT args...` (models/*.lua):
 --   local o = require("remat.cli").parse({ ... }, defaults, { numbers = {...}, ... })
+-- Hand-written rather than lua-argparse: remat's Lua library is embedded in remat.so and
+-- runs in any host's lua_State and from a rock with no other Lua module installed; the
+-- flags a model script takes (numbers, strings, switches, one positional) fit here.
 local cli = {}
 
 -- Reads the argument list argv into o, the table of defaults (changed in place and
 -- returned). spec.numbers, spec.strings and spec.switches are sets of flag names:
---   "--NAME VALUE" sets o.NAME to tonumber(VALUE) (numbers) or to VALUE (strings);
---   "--NAME" sets o.NAME = true (switches);
+--   "--NAME VALUE" or "--NAME=VALUE" sets o.NAME to tonumber(VALUE) (numbers) or to
+--   VALUE (strings); "--NAME" sets o.NAME = true (switches);
 --   a word without "--" sets o[spec.positional] when the script takes one.
--- Anything else calls spec.usage(msg), which must not return, with "--NAME needs a
--- value", "--NAME needs a number, got VALUE" or "unknown argument ARG".
+-- "--help" or "-h" calls spec.usage(nil), which prints the usage and exits 0. Anything
+-- else calls spec.usage(msg), which must not return, with "--NAME needs a value",
+-- "--NAME needs a number, got VALUE", "--NAME takes no value" or "unknown argument ARG".
 function cli.parse(argv, o, spec)
   local numbers, strings, switches = spec.numbers or {}, spec.strings or {}, spec.switches or {}
   local i = 1
   while i <= #argv do
     local a = argv[i]
-    local key = a:match("^%-%-(.+)$")
-    if key and switches[key] then o[key] = true
+    local key, inline = a:match("^%-%-([^=]+)=(.*)$")
+    key = key or a:match("^%-%-(.+)$")
+    if a == "--help" or a == "-h" then spec.usage(nil)
+    elseif key and switches[key] then
+      if inline then spec.usage("--" .. key .. " takes no value") end
+      o[key] = true
     elseif key and (numbers[key] or strings[key]) then
-      local v = argv[i + 1]
+      local v = inline
+      if v == nil then
+        v = argv[i + 1]
+        i = i + 1
+      end
       if v == nil then spec.usage(a .. " needs a value") end
       if numbers[key] then
         o[key] = tonumber(v)
-        if not o[key] then spec.usage(a .. " needs a number, got " .. v) end
+        if not o[key] then spec.usage("--" .. key .. " needs a number, got " .. v) end
       else
         o[key] = v
       end
-      i = i + 1
-    elseif not key and spec.positional then
+    elseif not key and spec.positional and a:sub(1, 1) ~= "-" then
       o[spec.positional] = a
     else
       spec.usage("unknown argument " .. a)

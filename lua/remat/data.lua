@@ -67,7 +67,8 @@ function Dataset:num_batches(batch_size, drop_last)
   return (self.n + batch_size - 1) // batch_size
 end
 
--- ds:batches(batch_size[, {shuffle = true, drop_last = false}]) -> iterator of
+-- ds:batches(batch_size[, {shuffle = true, drop_last = false}]) -> iterator of (shuffled
+-- by default; unknown options are errors)
 -- (xb, yb, i): each example once per epoch, in an order drawn from remat's generator
 -- when shuffle is on (drawn when the iterator is made). The last batch is smaller
 -- unless drop_last. Each batch is a new contiguous tensor.
@@ -75,6 +76,16 @@ function Dataset:batches(batch_size, opts)
   local fn = "batches"
   local bs = check_int(fn, batch_size, "batch_size", 1)
   opts = check_opts(fn, opts)
+  for k in pairs(opts) do
+    if k ~= "shuffle" and k ~= "drop_last" then
+      fail(("%s: unknown option '%s' (shuffle, drop_last)"):format(fn, tostring(k)))
+    end
+  end
+  for _, k in ipairs { "shuffle", "drop_last" } do
+    if opts[k] ~= nil and type(opts[k]) ~= "boolean" then
+      fail(("%s: %s must be true or false, got %s"):format(fn, k, type(opts[k])))
+    end
+  end
   local shuffle = opts.shuffle ~= false
   local perm = shuffle and C.randperm(self.n) or nil
   local nb = self:num_batches(bs, opts.drop_last)
