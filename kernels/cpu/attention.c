@@ -12,10 +12,10 @@
  * in the data type (as the BLAS products of the composed ops do), row sums in double. */
 #include <math.h>
 #include <omp.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "fastmath.h"
-#include "../../core/ops.h"
 
 #define ATT_RB 16
 
@@ -230,19 +230,25 @@ static int attention_backward_contig(rm_ctx *ctx, rm_tensor *const *in, rm_tenso
                                      const rm_attrs *a);
 
 /* The ops take strided inputs (the CUDA kernels read (B, H, T, D) views of a packed
- * projection in place); these kernels walk contiguous rows: c[i] is in[i] itself or a
- * contiguous workspace copy, made without recording anything. NULL + error. */
+ * projection in place); these kernels walk contiguous rows: c[i] is in[i] itself (held)
+ * or a contiguous workspace copy made by the copy kernel (nothing recorded). */
+RM_CPU_KERNEL(copy);
+
 static int contig_inputs(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor **c) {
-  bool grad = ctx->grad_enabled;
-  rm_category cat = ctx->category;
-  ctx->grad_enabled = false;
-  ctx->category = RM_CAT_WORKSPACE;
   int rc = RM_OK;
+  rm_attrs none;
+  memset(&none, 0, sizeof none);
   for (int i = 0; i < nin; i++) c[i] = NULL;
-  for (int i = 0; i < nin && !rc; i++)
-    if (!(c[i] = rm_contiguous(ctx, in[i]))) rc = ctx->err_code ? ctx->err_code : RM_ERR_OOM;
-  ctx->grad_enabled = grad;
-  ctx->category = cat;
+  for (int i = 0; i < nin && !rc; i++) {
+    rm_tensor *t = in[i];
+    if (rm_tensor_is_contiguous(t)) {
+      rm_tensor_hold(t);
+      c[i] = t;
+      continue;
+    }
+    c[i] = rm_tensor_new(ctx, t->dtype, RM_CPU, t->ndim, t->shape, RM_CAT_WORKSPACE);
+    rc = c[i] ? rm_cpu_copy(ctx, 1, &t, 1, &c[i], &none) : (ctx->err_code ? ctx->err_code : RM_ERR_OOM);
+  }
   if (rc)
     for (int i = 0; i < nin; i++) rm_tensor_drop(ctx, c[i]), c[i] = NULL;
   return rc;
