@@ -6,9 +6,11 @@
  * a freed block goes to a free list for its class and the next request of that class
  * takes it. All work runs on the context's one stream, so a block freed after a
  * kernel was queued can be handed to the next kernel on that stream without waiting:
- * the stream orders them. When cudaMalloc fails the cache is emptied and the call
- * retried once; after that the accounted allocator (core/alloc.c) reports the
- * out-of-memory error (and runs its collect-then-retry). */
+ * the stream orders them. When cudaMalloc fails, cached blocks are given back largest
+ * first until the request's size is freed, and the call retried; then the whole cache,
+ * once more; after that the accounted allocator (core/alloc.c) reports the
+ * out-of-memory error (and runs its collect-then-retry). Blocks are never split or
+ * merged (one size class per request). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +78,29 @@ static size_t cache_release(cu_state *st) {
   return freed;
 }
 
+/* Frees cached blocks, largest first, until at least `want` bytes are given back (the
+ * rest of the cache stays warm). Returns the bytes freed. */
+static size_t cache_trim(cu_state *st, size_t want) {
+  size_t freed = 0;
+  cudaStreamSynchronize(st->stream); /* cudaFree would wait anyway */
+  while (freed < want && st->cached) {
+    cu_block **best = NULL;
+    for (int b = 0; b < CU_BUCKETS; b++)
+      for (cu_block **at = &st->bucket[b]; *at; at = &(*at)->next)
+        if (!best || (*at)->size > (*best)->size) best = at;
+    if (!best) break;
+    cu_block *k = *best;
+    *best = k->next;
+    cudaFree(k->p);
+    freed += k->size;
+    st->reserved -= k->size;
+    st->cached -= k->size;
+    k->next = st->spare;
+    st->spare = k;
+  }
+  return freed;
+}
+
 static void *cache_take(cu_state *st, size_t cls) {
   cu_block **at = &st->bucket[bucket_of(cls)];
   for (cu_block *k = *at; k; at = &k->next, k = k->next) {
@@ -97,10 +122,14 @@ static void *cu_alloc(rm_ctx *ctx, cu_state *st, size_t bytes, cudaError_t *why)
   *why = cudaSuccess;
   if (p) return p;
   cudaError_t e = cudaMalloc(&p, cls);
-  if (e != cudaSuccess) {
+  if (e != cudaSuccess) { /* give back cached blocks, as few as needed, then all */
     (void)cudaGetLastError();
-    cache_release(st);
-    e = cudaMalloc(&p, cls);
+    if (cache_trim(st, cls)) e = cudaMalloc(&p, cls);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      cache_release(st);
+      e = cudaMalloc(&p, cls);
+    }
   }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
