@@ -7,7 +7,9 @@
  * ops are memory-bound, and a single instantiation keeps the build short. Strided
  * inputs have their dims merged on the host first, so the per-element offset
  * arithmetic runs over as few dims as the layout allows. bfloat16 is stored as is and
- * computed in float32. */
+ * computed in float32. Contiguous, 16-byte aligned operands are read and written 16
+ * bytes per load/store (8 bf16, 4 float32): fewer memory instructions for the same
+ * bytes, which is what lets a memory-bound kernel approach the bandwidth. */
 #include "cuda_common.cuh"
 
 /* ---- scalar functions (acc type A: float or double) ---- */
@@ -116,6 +118,31 @@ __global__ void ew_contig_kernel(int op, int nop, int64_t n, const T *__restrict
   }
 }
 
+/* 16 bytes of T: what one vector load moves. */
+template <class T> struct alignas(16) ew_vec { T v[16 / sizeof(T)]; };
+
+/* Contiguous operands, 16-byte aligned: thread i handles the i-th 16-byte group of
+ * every operand with one vector load / store each (nv groups; the tail is left to
+ * ew_contig_kernel). */
+template <class T>
+__global__ void ew_vec_kernel(int op, int nop, int64_t nv, const T *__restrict__ p0, const T *__restrict__ p1,
+                              const T *__restrict__ p2, T *__restrict__ po, double s) {
+  typedef typename cu_acc<T>::type A;
+  constexpr int V = 16 / sizeof(T);
+  const ew_vec<T> *v0 = (const ew_vec<T> *)p0, *v1 = (const ew_vec<T> *)p1, *v2 = (const ew_vec<T> *)p2;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nv;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    ew_vec<T> a = v0[i], b = nop > 1 ? v1[i] : a, c = nop > 2 ? v2[i] : a, r;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      A x = cu_ld(&a.v[k]), y = nop > 1 ? cu_ld(&b.v[k]) : (A)0, z = nop > 2 ? cu_ld(&c.v[k]) : (A)0;
+      A q = nop == 3 ? ew_apply<A>(op, y, z, x, (A)s) : ew_apply<A>(op, x, y, (A)0, (A)s);
+      cu_sv(&r.v[k], q);
+    }
+    ((ew_vec<T> *)po)[i] = r;
+  }
+}
+
 template <class T>
 __global__ void ew_strided_kernel(int op, int nop, int64_t n, ew_geo g, const T *p0, const T *p1,
                                   const T *p2, T *__restrict__ po, double s) {
@@ -147,9 +174,17 @@ static int ew_launch(rm_ctx *ctx, int op, int nop, rm_tensor *const *in, rm_tens
     if (k < nop && !cu_contig(in[k])) contig = false;
   }
   cudaStream_t st = cu_st(ctx)->stream;
-  if (contig) {
-    ew_contig_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>(op, nop, n, p[0], p[1], p[2],
-                                                            (T *)cu_ptr(o), s);
+  T *po = (T *)cu_ptr(o);
+  bool aligned = ((uintptr_t)po & 15) == 0;
+  for (int k = 0; k < nop; k++) aligned = aligned && ((uintptr_t)p[k] & 15) == 0;
+  if (contig && aligned && n >= 16 / (int64_t)sizeof(T)) {
+    const int64_t V = 16 / (int64_t)sizeof(T), nv = n / V, done = nv * V;
+    ew_vec_kernel<T><<<cu_blocks(nv), CU_THREADS, 0, st>>>(op, nop, nv, p[0], p[1], p[2], po, s);
+    if (done < n)
+      ew_contig_kernel<T><<<1, CU_THREADS, 0, st>>>(op, nop, n - done, p[0] + done, p[1] + done, p[2] + done,
+                                                    po + done, s);
+  } else if (contig) {
+    ew_contig_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>(op, nop, n, p[0], p[1], p[2], po, s);
   } else {
     ew_geo g = ew_merge(nop, in, o);
     ew_strided_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>(op, nop, n, g, p[0], p[1], p[2],
