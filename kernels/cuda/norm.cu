@@ -7,7 +7,9 @@
  * The statistics (mean, rstd) are float32 for float32 and bfloat16 inputs (float64 for
  * float64): a bfloat16 mean or rstd would lose 8 bits before the row uses it.
  * Fused: one block per row computes the statistics (double accumulation) and writes
- * the row; weight/bias gradients are column sums over rows, split into fixed row
+ * the row (backward keeps the row's g w and x - mean in shared memory for rows up to
+ * 32 KiB of them, so x and g are read once by the row kernel and once more by the
+ * column sums, instead of three times); weight/bias gradients are column sums over rows, split into fixed row
  * chunks (partials in double, summed in order), so results are reproducible. */
 #include "cuda_common.cuh"
 
@@ -58,23 +60,32 @@ __global__ void ln_fwd_kernel(const T *x, const T *w, const T *b, T *y, typename
  * rmsnorm: the same without the mean terms on x (mu = NULL). */
 template <class T>
 __global__ void ln_bwd_rows_kernel(const T *x, const typename cu_acc<T>::type *mu,
-                                   const typename cu_acc<T>::type *rs, const T *g, const T *w, T *gx, int64_t C) {
+                                   const typename cu_acc<T>::type *rs, const T *g, const T *w, T *gx, int64_t C,
+                                   bool cached) {
   typedef typename cu_acc<T>::type A;
   __shared__ double sh[32];
+  /* cached: the row's g w and x - mean kept in shared memory (2 C values), so x, g and w
+   * are read once here instead of twice */
+  extern __shared__ __align__(16) unsigned char ln_smem[];
+  A *cg = (A *)ln_smem, *cd = cg + C;
   const T *xr = x + blockIdx.x * C, *gr = g + blockIdx.x * C;
   T *dr = gx + blockIdx.x * C;
   A m = mu ? mu[blockIdx.x] : (A)0, rstd = rs[blockIdx.x];
   double sa = 0, sb = 0;
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
     A gy = w ? cu_ld(gr + j) * cu_ld(w + j) : cu_ld(gr + j);
+    A d = cu_ld(xr + j) - m;
+    if (cached) cg[j] = gy, cd[j] = d;
     sa += (double)gy;
-    sb += (double)(gy * (cu_ld(xr + j) - m) * rstd);
+    sb += (double)(gy * d * rstd);
   }
   A ma = mu ? (A)(cu_block_sum(sa, sh) / (double)C) : (A)0;
   A mb = (A)(cu_block_sum(sb, sh) / (double)C);
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-    A gy = w ? cu_ld(gr + j) * cu_ld(w + j) : cu_ld(gr + j);
-    cu_sv(dr + j, rstd * (gy - ma - (cu_ld(xr + j) - m) * rstd * mb));
+    A gy, d;
+    if (cached) gy = cg[j], d = cd[j]; /* each thread reads back only what it wrote */
+    else gy = w ? cu_ld(gr + j) * cu_ld(w + j) : cu_ld(gr + j), d = cu_ld(xr + j) - m;
+    cu_sv(dr + j, rstd * (gy - ma - d * rstd * mb));
   }
 }
 
@@ -160,10 +171,13 @@ static int norm_bwd(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor *const
   }
   if (want & 1) {
     CU_DISPATCH(ctx, name, dt,
-                ln_bwd_rows_kernel<T><<<(unsigned)R, cu_row_threads(C, 512), 0, st>>>(
-                    (const T *)x, (const typename cu_acc<T>::type *)mu, (const typename cu_acc<T>::type *)rs,
-                    (const T *)g, (const T *)w,
-                    (T *)cu_ptr(out[0]), C));
+                {
+                  size_t cache = (size_t)2 * C * sizeof(typename cu_acc<T>::type);
+                  bool cached = cache <= 32 * 1024;
+                  ln_bwd_rows_kernel<T><<<(unsigned)R, cu_row_threads(C, 512), cached ? cache : 0, st>>>(
+                      (const T *)x, (const typename cu_acc<T>::type *)mu, (const typename cu_acc<T>::type *)rs,
+                      (const T *)g, (const T *)w, (T *)cu_ptr(out[0]), C, cached);
+                });
     if ((rc = CU_LAUNCHED(ctx, name))) goto done;
   } else if ((rc = cu_fill(ctx, cu_ptr(out[0]), dt, R * C, 0.0))) {
     goto done;
