@@ -105,18 +105,18 @@ tap() {
 cuda_specs="not run"; other_specs="not run"; sync_rerun=""
 t0=$(now)
 if [ "$build" = ok ]; then
-  timeout "$(limit 60)" busted --tags=gpu -o TAP spec/cuda_spec.lua >"$LOG/cuda_spec.tap" 2>&1
+  timeout "$(limit 60)" lua5.4 "$(command -v busted)" --tags=gpu -o TAP spec/cuda_spec.lua >"$LOG/cuda_spec.tap" 2>&1
   cuda_specs=$(tap "$LOG/cuda_spec.tap")
   grep -A4 '^not ok ' "$LOG/cuda_spec.tap" | head -n 40
   if grep -q '^not ok ' "$LOG/cuda_spec.tap" && [ "$(limit 60)" -gt 0 ]; then
-    REMAT_CUDA_SYNC=1 timeout "$(limit 60)" busted --tags=gpu -o TAP spec/cuda_spec.lua >"$LOG/cuda_spec_sync.tap" 2>&1
+    REMAT_CUDA_SYNC=1 timeout "$(limit 60)" lua5.4 "$(command -v busted)" --tags=gpu -o TAP spec/cuda_spec.lua >"$LOG/cuda_spec_sync.tap" 2>&1
     sync_rerun=$(tap "$LOG/cuda_spec_sync.tap")
     echo "-- under REMAT_CUDA_SYNC=1 (faults named at their kernel): $sync_rerun"
     grep -A4 '^not ok ' "$LOG/cuda_spec_sync.tap" | head -n 20
   fi
   others=$(ls spec/*_spec.lua | grep -v 'spec/cuda_spec.lua')
   # shellcheck disable=SC2086
-  timeout "$(limit 45)" busted --tags=gpu -o TAP $others >"$LOG/gpu_specs.tap" 2>&1
+  timeout "$(limit 45)" lua5.4 "$(command -v busted)" --tags=gpu -o TAP $others >"$LOG/gpu_specs.tap" 2>&1
   other_specs=$(tap "$LOG/gpu_specs.tap")
   grep -A4 '^not ok ' "$LOG/gpu_specs.tap" | head -n 20
 fi
