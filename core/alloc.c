@@ -128,6 +128,7 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
   if (m->live[cat] > m->peak[cat]) m->peak[cat] = m->live[cat];
   if (m->live[cat] > m->window && cat == RM_CAT_ACTIVATION) m->window = m->live[cat];
   s->tag = -1;
+  s->version = 0;
   if (ctx->measure && cat == RM_CAT_ACTIVATION && ctx->alloc_tag >= 0 && ctx->alloc_tag < ctx->measure->n) {
     s->tag = ctx->alloc_tag;
     ctx->measure->tag_live[s->tag] += bytes;

@@ -14,6 +14,8 @@ typedef struct rm_storage {
   int tag;             /* measured layer that allocated it (dry runs), -1 otherwise */
   bool phantom;        /* an op output of a dry run: no data behind it */
   uint32_t epoch;      /* the dry run that made it (0: a real run); counted only in it */
+  uint32_t version;    /* bumped by every in-place write: autograd checks that what a node
+                          saved for backward was not overwritten since (rm_tensor_written) */
   void *data;          /* NULL in a dry run (phantom storage: accounted, no memory) */
 } rm_storage;
 

@@ -90,6 +90,7 @@ static int run_node(rm_ctx *ctx, rm_node *n) {
     return rm_fail(ctx, RM_ERR_STATE, "backward: %s has no backward rule", def->name);
   rm_tensor *gin[64] = { 0 };
   if (n->nin > 64) return rm_fail(ctx, RM_ERR_ARG, "backward: %s has too many inputs", def->name);
+  if (rm_node_check_saved(ctx, n)) return rm_fail_prefix(ctx, "backward");
   int rc = def->backward(ctx, n, n->gout, gin);
   if (rc) rm_fail_prefix(ctx, def->name);
   for (int i = 0; i < n->nin; i++) {

@@ -197,11 +197,16 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   return RM_OK;
 }
 
+/* One block per node: in, out, gout (tensor pointers), then the saved versions. */
+static size_t node_block_bytes(int nin, int nout) {
+  return sizeof(rm_tensor *) * (size_t)(2 * nin + 2 * nout + 1) + sizeof(uint32_t) * (size_t)(nin + nout);
+}
+
 static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
                        const rm_attrs *a, rm_tensor **outs) {
   const rm_op_def *def = op_table[op];
   rm_node *n = rm_host_calloc(ctx, 1, sizeof *n);
-  rm_tensor **arr = n ? rm_host_calloc(ctx, (size_t)(2 * nin + 2 * def->nout + 1), sizeof *arr) : NULL;
+  rm_tensor **arr = n ? rm_host_calloc(ctx, node_block_bytes(nin, def->nout), 1) : NULL;
   if (!arr) {
     rm_host_free(ctx, n, sizeof *n);
     rm_fail(ctx, RM_ERR_OOM, "out of host memory recording %s", def->name);
@@ -216,12 +221,14 @@ static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   n->in = arr;
   n->out = arr + nin;
   n->gout = arr + nin + def->nout;
+  n->ver = (uint32_t *)(arr + 2 * nin + 2 * def->nout + 1);
   n->layer = ctx->layer;
   n->tag = ctx->alloc_tag;
   ctx->live_nodes++;
   for (int i = 0; i < nin; i++) {
     rm_tensor_retain(in[i]);
     n->in[i] = in[i];
+    n->ver[i] = in[i]->storage ? in[i]->storage->version : 0;
     if (in[i]->requires_grad) n->needs_grad |= 1u << i;
     if ((def->save_in >> (i < 31 ? i : 31)) & 1u) {
       rm_tensor_use(in[i]);
@@ -231,6 +238,7 @@ static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   for (int j = 0; j < def->nout; j++) {
     rm_tensor *t = outs[j];
     n->out[j] = t;
+    n->ver[nin + j] = t->storage ? t->storage->version : 0;
     t->out_index = j;
     t->layer = ctx->layer;
     bool diff = j < def->nvis && !((def->nodiff_out >> j) & 1u);
@@ -333,6 +341,7 @@ int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm
   }
   int rc = b->kernel[op](ctx, nin, args, nout, out, a);
   for (int i = 0; i < nin; i++) rm_tensor_drop(ctx, args[i]);
+  for (int j = 0; j < nout; j++) rm_tensor_written(out[j]);
   return rc;
 }
 
@@ -391,14 +400,37 @@ void rm_node_release(rm_ctx *ctx, rm_node *n) {
     }
   }
   for (int i = 0; i < n->nin; i++) rm_tensor_release(ctx, n->in[i]);
-  rm_host_free(ctx, n->in, sizeof(rm_tensor *) * (size_t)(2 * n->nin + 2 * n->nout + 1));
+  rm_host_free(ctx, n->in, node_block_bytes(n->nin, n->nout));
   rm_host_free(ctx, n, sizeof *n);
   ctx->live_nodes--;
+}
+
+/* slot k: input k (k < nin) or output k - nin */
+static int check_version(rm_ctx *ctx, rm_node *n, int k) {
+  rm_tensor *t = k < n->nin ? n->in[k] : n->out[k - n->nin];
+  if (!t || !t->storage || t->storage->version == n->ver[k]) return RM_OK;
+  const char *op = rm_op_name(n->op);
+  char s[64];
+  rm_tensor_shape_str(t, s, sizeof s);
+  return rm_fail(ctx, RM_ERR_STATE,
+                 "%s %d of %s (a %s tensor) was modified in place after %s saved it for backward "
+                 "(fill_, copy_, zero_, x[i] = ..., an optimizer step); its gradient would be wrong. "
+                 "Write into a copy, or run the forward again after the write",
+                 k < n->nin ? "input" : "output", (k < n->nin ? k : k - n->nin) + 1, op, s, op);
+}
+
+int rm_node_check_saved(rm_ctx *ctx, rm_node *n) {
+  for (int i = 0; i < n->nin && i < 32; i++)
+    if ((n->saved_in >> i) & 1u && check_version(ctx, n, i)) return ctx->err_code;
+  for (int j = 0; j < n->nout && j < 32; j++)
+    if ((n->saved_out >> j) & 1u && check_version(ctx, n, n->nin + j)) return ctx->err_code;
+  return RM_OK;
 }
 
 rm_tensor *rm_node_input(rm_ctx *ctx, rm_node *n, int i) {
   rm_tensor *t = n->in[i];
   if (rm_tensor_data_ready(ctx, t)) return NULL;
+  if (i < 32 && (n->saved_in >> i) & 1u && check_version(ctx, n, i)) return NULL;
   return t;
 }
 
@@ -409,6 +441,7 @@ rm_tensor *rm_node_output(rm_ctx *ctx, rm_node *n, int j) {
     return NULL;
   }
   if (rm_tensor_data_ready(ctx, t)) return NULL;
+  if (j < 32 && (n->saved_out >> j) & 1u && check_version(ctx, n, n->nin + j)) return NULL;
   return t;
 }
 

@@ -73,6 +73,7 @@ struct rm_node {
   rm_tensor **gout;         /* gradients accumulated during backward */
   unsigned needs_grad;      /* bit i: input i requires grad */
   unsigned saved_in, saved_out; /* which data this node holds a use of */
+  uint32_t *ver;            /* storage versions of in[0..nin-1], out[0..nout-1] when recorded */
   int layer;                /* layer that recorded it (-1: none) */
   rm_tensor *pinned;        /* a boundary input held (pinned) until this node's backward */
   int tag;                  /* measured layer (dry runs), -1 otherwise */
@@ -114,6 +115,10 @@ rm_tensor *rm_node_output(rm_ctx *ctx, rm_node *n, int j);
 static inline bool rm_node_needs_grad(const rm_node *n, int i) {
   return (n->needs_grad >> i) & 1u;
 }
+
+/* Errors (naming the tensor and n's op) when data n saved for backward was written in
+ * place since n recorded it: its backward, or a replay, would use the new values. */
+int rm_node_check_saved(rm_ctx *ctx, rm_node *n);
 
 void rm_node_retain(rm_node *n);
 /* Gives back what n holds for its backward (saved data, accumulated gradients). */

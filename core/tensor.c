@@ -150,6 +150,10 @@ int rm_tensor_host_ready(rm_ctx *ctx, rm_tensor *t) {
   return rc;
 }
 
+void rm_tensor_written(rm_tensor *t) {
+  if (t && t->storage) t->storage->version++;
+}
+
 int64_t rm_tensor_numel(const rm_tensor *t) {
   int64_t n = 1;
   for (int i = 0; i < t->ndim; i++) n *= t->shape[i];

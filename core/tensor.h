@@ -60,6 +60,10 @@ int rm_tensor_host_ready(rm_ctx *ctx, rm_tensor *t);
 void rm_tensor_evict(rm_ctx *ctx, rm_tensor *t);
 bool rm_tensor_recomputable(const rm_tensor *t);
 
+/* Marks an in-place write into t's storage (its version moves on), so that a backward
+ * or a replay that needs the old values errors instead of using the new ones. */
+void rm_tensor_written(rm_tensor *t);
+
 int64_t rm_tensor_numel(const rm_tensor *t);
 bool rm_tensor_is_contiguous(const rm_tensor *t);
 void rm_tensor_meta(const rm_tensor *t, rm_meta *m);

@@ -394,6 +394,7 @@ static void assign(lua_State *L, rm_tensor *dst, int vidx, const char *fn) {
   if (rm_tensor_host_ready(ctx, dst)) rm_lua_fail(L, fn);
   int64_t n = rm_tensor_numel(dst);
   char *pd = rm_tensor_ptr(dst);
+  rm_tensor_written(dst);
   if (lua_type(L, vidx) == LUA_TNUMBER) {
     double v = lua_tonumber(L, vidx);
     for (int64_t i = 0; i < n; i++) {
