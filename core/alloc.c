@@ -73,6 +73,12 @@ static int oom_error(rm_ctx *ctx, rm_device dev, rm_category cat, size_t bytes,
                  rm_category_name(cat), live, at ? list : "nothing", lim);
 }
 
+int rm_memory_room(rm_ctx *ctx, rm_device dev, rm_category cat, double bytes) {
+  rm_memstats *m = &ctx->mem[dev];
+  if (!m->limit || bytes <= (double)m->limit - (double)m->live_total) return RM_OK;
+  return oom_error(ctx, dev, cat, bytes < 1e18 ? (size_t)bytes : (size_t)1e18, "host scratch past the limit");
+}
+
 /* Returns NULL (error set) when over the limit or the device refuses. */
 static void *try_alloc(rm_ctx *ctx, const rm_backend *b, rm_device dev, rm_category cat,
                        size_t bytes, bool *over) {

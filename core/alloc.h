@@ -26,6 +26,11 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
 void rm_storage_retain(rm_storage *s);
 void rm_storage_release(rm_ctx *ctx, rm_storage *s);
 
+/* Whether `bytes` more would fit under dev's limit; RM_ERR_OOM (the message of an
+ * allocation past the limit) when not. For memory taken outside the allocator (host
+ * scratch sized by user input), checked before it is taken. */
+int rm_memory_room(rm_ctx *ctx, rm_device dev, rm_category cat, double bytes);
+
 /* Parses "512MiB", "2GiB", "1.5GB", "1000", "64k" into bytes. Returns false on junk. */
 bool rm_parse_bytes(const char *s, size_t *out);
 /* Formats bytes readably ("1.50 MiB") into buf. */

@@ -74,7 +74,11 @@ int rm_fail_prefix(rm_ctx *ctx, const char *what) {
   return ctx->err_code ? ctx->err_code : RM_ERR_RUNTIME;
 }
 
-void rm_clear_error(rm_ctx *ctx) { ctx->err[0] = 0; ctx->err_code = RM_OK; }
+void rm_clear_error(rm_ctx *ctx) {
+  if (!ctx) return;
+  ctx->err[0] = 0;
+  ctx->err_code = RM_OK;
+}
 
 void *rm_host_malloc(rm_ctx *ctx, size_t n) { return ctx->host.alloc(ctx->host.ud, n ? n : 1); }
 
@@ -114,6 +118,7 @@ const rm_backend *rm_backend_get(rm_ctx *ctx, rm_device dev) {
 }
 
 int rm_set_memory_limit(rm_ctx *ctx, int device, size_t bytes) {
+  if (!ctx) return RM_ERR_ARG;
   if (device < 0 || device >= RM_DEVICE_COUNT)
     return rm_fail(ctx, RM_ERR_DEVICE, "memory limit: unknown device %d", device);
   ctx->mem[device].limit = bytes;
@@ -121,9 +126,9 @@ int rm_set_memory_limit(rm_ctx *ctx, int device, size_t bytes) {
 }
 
 size_t rm_memory_live(const rm_ctx *ctx, int device) {
-  return (device >= 0 && device < RM_DEVICE_COUNT) ? ctx->mem[device].live_total : 0;
+  return (ctx && device >= 0 && device < RM_DEVICE_COUNT) ? ctx->mem[device].live_total : 0;
 }
 
 size_t rm_memory_peak(const rm_ctx *ctx, int device) {
-  return (device >= 0 && device < RM_DEVICE_COUNT) ? ctx->mem[device].peak_total : 0;
+  return (ctx && device >= 0 && device < RM_DEVICE_COUNT) ? ctx->mem[device].peak_total : 0;
 }

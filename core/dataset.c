@@ -56,7 +56,9 @@ static int idx_header(rm_ctx *ctx, gzFile gz, const char *path, uint64_t *items,
   *items = dims[0];
   *per_item = ndim == 3 ? dims[1] * dims[2] : 1;
   *is_images = ndim == 3;
-  if (*items * *per_item > IDX_MAX_ELEMS)
+  /* each factor first: their product may wrap */
+  if (*items > IDX_MAX_ELEMS || *per_item > IDX_MAX_ELEMS ||
+      (*per_item && *items > IDX_MAX_ELEMS / *per_item))
     return rm_fail(ctx, RM_ERR_IO, "%s: implausible IDX dimensions (%llu items of %llu bytes)", path,
                    (unsigned long long)*items, (unsigned long long)*per_item);
   return RM_OK;

@@ -8,6 +8,7 @@
 #include "ctx.h"
 
 int rm_set_log(rm_ctx *ctx, rm_log_fn log, void *log_ud) {
+  if (!ctx) return RM_ERR_ARG;
   ctx->log = log;
   ctx->log_ud = log_ud;
   return RM_OK;
@@ -51,16 +52,18 @@ const char *rm_status_name(int status) {
 }
 
 size_t rm_memory_limit(const rm_ctx *ctx, int device) {
-  return (device >= 0 && device < RM_DEVICE_COUNT) ? ctx->mem[device].limit : 0;
+  return (ctx && device >= 0 && device < RM_DEVICE_COUNT) ? ctx->mem[device].limit : 0;
 }
 
 int rm_manual_seed(rm_ctx *ctx, uint64_t seed) {
+  if (!ctx) return RM_ERR_ARG;
   ctx->rng_seed = seed;
   ctx->rng_offset = 0;
   return RM_OK;
 }
 
 int rm_rng_state(const rm_ctx *ctx, uint64_t *seed, uint64_t *offset) {
+  if (!ctx) return RM_ERR_ARG;
   if (seed) *seed = ctx->rng_seed;
   if (offset) *offset = ctx->rng_offset;
   return RM_OK;

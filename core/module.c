@@ -50,6 +50,24 @@ static bool valid_name(const char *name) {
   return name && strlen(name) < RM_NAME_MAX && !strchr(name, '.');
 }
 
+/* Grows two parallel arrays (n used of cap, element sizes sa and sb) to newcap, both
+ * or neither: new blocks first, so a failing allocator leaves the old ones untouched. */
+static int grow_pair(rm_ctx *ctx, void **a, size_t sa, void **b, size_t sb, int n, int cap,
+                     int newcap) {
+  void *na = rm_host_malloc(ctx, sa * (size_t)newcap);
+  void *nb = na ? rm_host_malloc(ctx, sb * (size_t)newcap) : NULL;
+  if (!nb) {
+    if (na) rm_host_free(ctx, na, sa * (size_t)newcap);
+    return RM_ERR_OOM;
+  }
+  if (n) memcpy(na, *a, sa * (size_t)n), memcpy(nb, *b, sb * (size_t)n);
+  if (*a) rm_host_free(ctx, *a, sa * (size_t)cap);
+  if (*b) rm_host_free(ctx, *b, sb * (size_t)cap);
+  *a = na;
+  *b = nb;
+  return RM_OK;
+}
+
 int rm_module_add_param(rm_ctx *ctx, rm_module *m, const char *name, rm_tensor *t) {
   if (!valid_name(name) || !name[0]) {
     if (t) rm_tensor_drop(ctx, t);
@@ -64,18 +82,12 @@ int rm_module_add_param(rm_ctx *ctx, rm_module *m, const char *name, rm_tensor *
   }
   if (m->nparams == m->cap_params) {
     int cap = m->cap_params ? 2 * m->cap_params : 4;
-    rm_tensor **p = rm_host_realloc(ctx, m->params, sizeof *p * (size_t)m->cap_params, sizeof *p * (size_t)cap);
-    if (p) m->params = p;
-    char (*nm)[RM_NAME_MAX] = p ? rm_host_realloc(ctx, m->param_names, sizeof *nm * (size_t)m->cap_params,
-                                                  sizeof *nm * (size_t)cap) : NULL;
-    if (!nm) {
+    if (grow_pair(ctx, (void **)&m->params, sizeof *m->params, (void **)&m->param_names,
+                  sizeof *m->param_names, m->nparams, m->cap_params, cap)) {
       if (t) rm_tensor_drop(ctx, t);
-      /* keep params and param_names the same capacity: shrink back what grew */
-      if (p) m->params = rm_host_realloc(ctx, p, sizeof *p * (size_t)cap, sizeof *p * (size_t)m->cap_params);
       rm_fail(ctx, RM_ERR_OOM, "out of host memory adding a parameter");
       return -1;
     }
-    m->param_names = nm;
     m->cap_params = cap;
   }
   m->params[m->nparams] = t;
@@ -107,16 +119,10 @@ int rm_module_add_named_child(rm_ctx *ctx, rm_module *parent, const char *name, 
                    parent->type->name);
   if (parent->nchildren == parent->cap_children) {
     int cap = parent->cap_children ? 2 * parent->cap_children : 4;
-    size_t old = (size_t)parent->cap_children;
-    rm_module **c = rm_host_realloc(ctx, parent->children, sizeof *c * old, sizeof *c * (size_t)cap);
-    if (c) parent->children = c;
-    char (*nm)[RM_NAME_MAX] = c ? rm_host_realloc(ctx, parent->child_names, sizeof *nm * old,
-                                                  sizeof *nm * (size_t)cap) : NULL;
-    if (!nm) {
-      if (c) parent->children = rm_host_realloc(ctx, c, sizeof *c * (size_t)cap, sizeof *c * old);
+    if (grow_pair(ctx, (void **)&parent->children, sizeof *parent->children,
+                  (void **)&parent->child_names, sizeof *parent->child_names, parent->nchildren,
+                  parent->cap_children, cap))
       return rm_fail(ctx, RM_ERR_OOM, "out of host memory adding a module");
-    }
-    parent->child_names = nm;
     parent->cap_children = cap;
   }
   rm_module_retain(child);

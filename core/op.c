@@ -88,8 +88,10 @@ int rm_broadcast_shape(rm_ctx *ctx, const char *op, int na, const int64_t *a, in
 int rm_check_dim(rm_ctx *ctx, const char *op, int64_t dim, int ndim, int *out) {
   int64_t d = dim < 0 ? dim + ndim : dim;
   if (d < 0 || d >= (ndim ? ndim : 1))
-    return rm_fail(ctx, RM_ERR_ARG, "%s: dimension %lld is out of range for a %d-d tensor", op,
-                   (long long)(dim < 0 ? dim : dim + 1), ndim);
+    return dim < 0 ? rm_fail(ctx, RM_ERR_ARG, "%s: dimension %lld is out of range for a %d-d tensor", op,
+                             (long long)dim, ndim)
+                   : rm_fail(ctx, RM_ERR_ARG, "%s: dimension %llu is out of range for a %d-d tensor", op,
+                             (unsigned long long)dim + 1, ndim);
   *out = (int)d;
   return RM_OK;
 }
@@ -319,16 +321,47 @@ int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm
     return rm_fail(ctx, RM_ERR_ARG, "%s cannot write into a tensor", rm_op_name(op));
   rm_attrs local;
   if (!a) rm_attrs_init(&local), a = &local;
-  for (int i = 0; i < nin; i++)
+  if ((def->nin >= 0 && nin != def->nin) || nin < 0 || nin > RM_MAX_INPUTS)
+    return rm_fail(ctx, RM_ERR_ARG, "%s takes %d inputs (got %d)", def->name, def->nin, nin);
+  if (nout != def->nout)
+    return rm_fail(ctx, RM_ERR_ARG, "%s writes %d outputs (got %d)", def->name, def->nout, nout);
+  for (int i = 0; i < nin; i++) {
+    if (!in[i]) return rm_fail(ctx, RM_ERR_ARG, "%s: input %d is missing", def->name, i + 1);
     if (rm_tensor_data_ready(ctx, in[i])) return rm_fail_prefix(ctx, def->name);
-  for (int j = 0; j < nout; j++)
+    if (!(def->flags & (RM_OPF_STRIDED | RM_OPF_BROADCAST)) && !rm_tensor_is_contiguous(in[i]))
+      return rm_fail(ctx, RM_ERR_ARG, "%s: input %d is not contiguous", def->name, i + 1);
+  }
+  for (int j = 0; j < nout; j++) {
+    if (!out[j]) return rm_fail(ctx, RM_ERR_ARG, "%s: output %d is missing", def->name, j + 1);
     if (!out[j]->storage) return rm_fail(ctx, RM_ERR_STATE, "%s: output has no data", def->name);
+    if (!rm_tensor_is_contiguous(out[j]))
+      return rm_fail(ctx, RM_ERR_ARG, "%s: output %d is not contiguous", def->name, j + 1);
+  }
+  /* the outputs must be what the op would make: kernels size their loops from them
+   * (an op without inputs, fill, writes whatever it is given) */
+  if (nin > 0) {
+    rm_meta meta[8];
+    int rc = def->infer ? def->infer(ctx, nin, in, a, meta) : default_infer(ctx, def, nin, in, meta);
+    if (rc) return rc;
+    for (int j = 0; j < nout; j++) {
+      rm_meta m;
+      rm_tensor_meta(out[j], &m);
+      bool same = m.ndim == meta[j].ndim && m.dtype == meta[j].dtype && m.device == meta[j].device;
+      for (int d = 0; same && d < m.ndim; d++) same = m.shape[d] == meta[j].shape[d];
+      if (!same) {
+        char s1[96], s2[96];
+        return rm_fail(ctx, RM_ERR_SHAPE, "%s: output %d is %s %s on %s, expected %s %s on %s", def->name, j + 1,
+                       rm_dtype_name(m.dtype), rm_shape_str(m.ndim, m.shape, s1, sizeof s1), rm_device_name(m.device),
+                       rm_dtype_name(meta[j].dtype), rm_shape_str(meta[j].ndim, meta[j].shape, s2, sizeof s2),
+                       rm_device_name(meta[j].device));
+      }
+    }
+  }
   const rm_backend *b = rm_backend_get(ctx, out[0]->device);
   if (!b) return ctx->err_code;
   if (!b->kernel[op]) return rm_fail(ctx, RM_ERR_DEVICE, "%s is not supported on %s", def->name, b->name);
   if (ctx->dry) return RM_OK;
   rm_tensor *args[RM_MAX_INPUTS];
-  if (nin > RM_MAX_INPUTS) return rm_fail(ctx, RM_ERR_ARG, "%s: at most %d inputs", def->name, RM_MAX_INPUTS);
   for (int i = 0; i < nin; i++) {
     rm_tensor *t = in[i];
     if (def->flags & RM_OPF_BROADCAST) {

@@ -136,8 +136,10 @@ int rm_rng_state(const rm_ctx *ctx, uint64_t *seed, uint64_t *offset);
 
 /* Opens remat into L bound to ctx, leaving the module table on the stack (like
  * luaL_requiref; lua_setglobal(L, "remat") to name it). The ctx must outlive L.
- * Several lua_States may each be opened on their own context. Returns RM_OK or an
- * error status (nothing pushed then). */
+ * Several lua_States may each be opened on their own context; a state already opened
+ * (by rm_lua_open or require "remat") is refused with RM_ERR_STATE. Returns RM_OK or an
+ * error status (nothing pushed then). Every host entry point accepts NULL arguments:
+ * it returns RM_ERR_ARG (or 0 / nothing) instead of touching them. */
 int rm_lua_open(struct lua_State *L, rm_ctx *ctx);
 /* lua_CFunction for luaL_requiref(L, "remat", luaopen_remat, 0): opens remat with a
  * context of its own, owned by (and freed with) that lua_State; raises on failure. */

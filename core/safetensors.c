@@ -1,7 +1,9 @@
 /* safetensors: atomic writer, strict reader (the header JSON is read with core/json.h).
  * See safetensors.h for the format and the guarantees. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,6 +250,36 @@ static FILE *open_temp(rm_ctx *ctx, const char *path, char *tmp, size_t tmpn) {
   return f;
 }
 
+/* Removes the temp files of saves to path whose process is gone (killed mid-save):
+ * "<name>.tmp-<pid>-<k>" next to path with no process <pid> on this machine. Best
+ * effort: a temp file of a live process, or one that cannot be checked, stays. */
+static void remove_stale_temps(const char *path) {
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  size_t dn = slash ? (size_t)(slash - path) : 0;
+  if (dn + 2 > sizeof dir) return;
+  if (!slash) strcpy(dir, ".");
+  else if (dn == 0) strcpy(dir, "/");
+  else memcpy(dir, path, dn), dir[dn] = 0;
+  DIR *d = opendir(dir);
+  if (!d) return;
+  size_t bn = strlen(base);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    const char *name = e->d_name;
+    if (strncmp(name, base, bn) || strncmp(name + bn, ".tmp-", 5)) continue;
+    char *end;
+    long pid = strtol(name + bn + 5, &end, 10);
+    if (pid <= 0 || *end != '-' || pid == (long)getpid()) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+    char full[4096 + 256];
+    snprintf(full, sizeof full, "%s/%s", dir, name);
+    unlink(full);
+  }
+  closedir(d);
+}
+
 int rm_safetensors_save(rm_ctx *ctx, const char *path, int n, const char *const *names,
                         rm_tensor *const *ts, int nmeta, const char *const *keys,
                         const char *const *vals) {
@@ -291,7 +323,7 @@ int rm_safetensors_save(rm_ctx *ctx, const char *path, int n, const char *const 
   if (rc == RM_OK && rename(tmp, path) != 0)
     rc = rm_fail(ctx, RM_ERR_IO, "%s: cannot rename the temporary file into place: %s", path,
                  strerror(errno));
-  if (rc == RM_OK) sync_dir(path);
+  if (rc == RM_OK) sync_dir(path), remove_stale_temps(path);
   else unlink(tmp);
 done:
   rm_host_free(ctx, hdr.p, hdr.cap);

@@ -161,6 +161,8 @@ int64_t rm_tensor_numel(const rm_tensor *t) {
 }
 
 bool rm_tensor_is_contiguous(const rm_tensor *t) {
+  for (int i = 0; i < t->ndim; i++)
+    if (t->shape[i] == 0) return true; /* no element: any strides will do */
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->stride[i] != s) return false;

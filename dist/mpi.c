@@ -106,6 +106,13 @@ static int new_req(rm_dist_req **req, char *err) {
   return RM_DIST_OK;
 }
 
+static void d_finalize(double timeout, int dirty);
+
+/* A script that ends with os.exit() never closes its state: MPI that this file
+ * started is finalised when the process exits, or mpirun reports the rank as gone
+ * without finalising. */
+static void finalize_at_exit(void) { d_finalize(60, 0); }
+
 static int d_init(int *rank, int *size, int *local_rank, char *err) {
   if (S.finalized) return fail(err, RM_DIST_EFAIL, "MPI was finalised in this process and cannot start again");
   int flag = 0;
@@ -114,6 +121,7 @@ static int d_init(int *rank, int *size, int *local_rank, char *err) {
     if (!flag) {
       int rc = MPI_Init(NULL, NULL);
       if (rc != MPI_SUCCESS) return mpi_fail(err, "MPI_Init", rc);
+      atexit(finalize_at_exit);
     }
     /* errors come back as codes; this file turns them into messages */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

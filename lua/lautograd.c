@@ -140,18 +140,22 @@ static int push_cats(lua_State *L, const size_t *v) {
   return 1;
 }
 
-static rm_device opt_device(lua_State *L, int idx) {
-  const char *dev = luaL_optstring(L, idx, "cpu");
+/* The device at idx (default cpu); errors name fn, the user's function. */
+static rm_device opt_device(lua_State *L, int idx, const char *fn) {
+  if (lua_isnoneornil(L, idx)) return RM_CPU;
+  if (lua_type(L, idx) != LUA_TSTRING)
+    rm_lua_errorf(L, "%s: the device must be \"cpu\" or \"cuda\", got %s", fn, luaL_typename(L, idx));
+  const char *dev = lua_tostring(L, idx);
   if (!strcmp(dev, "cpu")) return RM_CPU;
   if (!strcmp(dev, "cuda")) return RM_CUDA;
-  rm_lua_errorf(L, "memory: unknown device '%s' (cpu, cuda)", dev);
+  rm_lua_errorf(L, "%s: unknown device '%s' (cpu, cuda)", fn, dev);
   return RM_CPU;
 }
 
 /* C.memory_stats([device]) -> { live=, peak=, limit=, reserved=, allocs=, by_category=, peak_by_category= } */
 static int l_memory_stats(lua_State *L) {
   rm_ctx *ctx = rm_lua_ctx(L);
-  rm_memstats *m = &ctx->mem[opt_device(L, 1)];
+  rm_memstats *m = &ctx->mem[opt_device(L, 1, "memory.stats")];
   lua_newtable(L);
   lua_pushinteger(L, (lua_Integer)m->live_total);
   lua_setfield(L, -2, "live");
@@ -179,7 +183,7 @@ static int l_memory_stats(lua_State *L) {
 /* C.memory_limit(bytes_or_string_or_nil [, device]) -> previous limit or nil */
 static int l_memory_limit(lua_State *L) {
   rm_ctx *ctx = rm_lua_ctx(L);
-  rm_device d = opt_device(L, 2);
+  rm_device d = opt_device(L, 2, "memory.limit");
   size_t prev = ctx->mem[d].limit, v = 0;
   if (lua_type(L, 1) == LUA_TSTRING) {
     if (!rm_parse_bytes(lua_tostring(L, 1), &v))
@@ -206,13 +210,13 @@ static int l_parse_bytes(lua_State *L) {
     lua_pushinteger(L, (lua_Integer)n);
     return 1;
   }
-  if (!rm_parse_bytes(luaL_checkstring(L, 1), &v)) return 0;
+  if (lua_type(L, 1) != LUA_TSTRING || !rm_parse_bytes(lua_tostring(L, 1), &v)) return 0;
   lua_pushinteger(L, (lua_Integer)v);
   return 1;
 }
 
 static int l_reset_peak(lua_State *L) {
-  rm_memory_reset_peak(rm_lua_ctx(L), opt_device(L, 1));
+  rm_memory_reset_peak(rm_lua_ctx(L), opt_device(L, 1, "memory.reset_peak"));
   return 0;
 }
 
@@ -293,7 +297,7 @@ static int l_cuda_empty_cache(lua_State *L) {
 /* C.empty_cache([device]) -> bytes of cached blocks given back (CPU or CUDA) */
 static int l_empty_cache(lua_State *L) {
   rm_ctx *ctx = rm_lua_ctx(L);
-  rm_device d = opt_device(L, 1);
+  rm_device d = opt_device(L, 1, "memory.empty_cache");
   const rm_backend *b = rm_backend_get(ctx, d);
   if (!b) return rm_lua_fail(L, "memory.empty_cache");
   size_t n = b->empty_cache ? b->empty_cache(ctx) : 0;

@@ -19,6 +19,15 @@ static rm_category check_category(lua_State *L, int idx, rm_category def, const 
   return def;
 }
 
+/* A file path at idx; one with a NUL byte in it is refused (C would cut it there and
+ * read or write another file). */
+static const char *check_path(lua_State *L, int idx, const char *fn) {
+  size_t n;
+  const char *s = luaL_checklstring(L, idx, &n);
+  if (strlen(s) != n) rm_lua_errorf(L, "%s: the path contains a NUL byte (\\0)", fn);
+  return s;
+}
+
 /* Scratch memory owned by a userdata left on the stack (freed by the collector, so a
  * Lua error raised while it is in use leaks nothing). */
 static void *scratch(lua_State *L, size_t n) { return lua_newuserdatauv(L, n ? n : 1, 0); }
@@ -26,7 +35,7 @@ static void *scratch(lua_State *L, size_t n) { return lua_newuserdatauv(L, n ? n
 /* C.save(path, {name = tensor, ...}, {key = "value", ...} or nil) */
 static int l_save(lua_State *L) {
   const char *fn = "remat.save";
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = check_path(L, 1, fn);
   if (!lua_istable(L, 2)) return rm_lua_errorf(L, "%s: expected a table of tensors, got %s", fn, luaL_typename(L, 2));
   bool has_meta = !lua_isnoneornil(L, 3);
   if (has_meta && !lua_istable(L, 3))
@@ -74,7 +83,7 @@ static int st_guard_gc(lua_State *L) {
 /* C.load(path, category) -> {name = tensor}, {key = value}, {name = file dtype} */
 static int l_load(lua_State *L) {
   const char *fn = "remat.load";
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = check_path(L, 1, fn);
   rm_category cat = check_category(L, 2, RM_CAT_PARAM, fn);
   rm_ctx *ctx = rm_lua_ctx(L);
   rm_safetensors *f = lua_newuserdatauv(L, sizeof *f, 0);
@@ -104,7 +113,7 @@ static int l_load(lua_State *L) {
 
 /* C.read_idx(path, limit, category) -> tensor */
 static int l_read_idx(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  const char *path = check_path(L, 1, "remat.read_idx");
   lua_Integer limit = luaL_optinteger(L, 2, 0);
   rm_category cat = check_category(L, 3, RM_CAT_TEMP, "remat.read_idx");
   rm_lua_push_tensor(L, rm_idx_read(rm_lua_ctx(L), path, limit, cat), "remat.read_idx");
@@ -191,21 +200,35 @@ static void push_int_table(lua_State *L, const int64_t *v, int64_t n) {
 /* C.randperm(n) -> table: a random permutation of 1..n from remat's generator */
 static int l_randperm(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1);
-  if (n < 0 || n > (lua_Integer)1 << 31) return rm_lua_errorf(L, "remat.randperm: size %d is out of range", (int)n);
+  const char *fn = luaL_optstring(L, 2, "remat.randperm");
+  if (n < 0 || n > (lua_Integer)1 << 31) return rm_lua_errorf(L, "%s: size %I is out of range", fn, (lua_Integer)n);
+  /* the scratch and the table (about 16 bytes an entry) are host memory: within the limit */
+  if (rm_memory_room(rm_lua_ctx(L), RM_CPU, RM_CAT_TEMP, 24.0 * (double)n)) return rm_lua_fail(L, fn);
   int64_t *perm = scratch(L, sizeof(int64_t) * (size_t)n);
-  if (rm_randperm(rm_lua_ctx(L), n, perm) != RM_OK) return rm_lua_fail(L, "remat.randperm");
+  if (rm_randperm(rm_lua_ctx(L), n, perm) != RM_OK) return rm_lua_fail(L, fn);
   push_int_table(L, perm, n);
   return 1;
 }
 
-/* C.randint(n, k) -> table of k integers uniform in 1..n from remat's generator */
+/* C.randint(n, k[, fn]) -> table of k integers uniform in 1..n from remat's generator */
 static int l_randint(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1), k = luaL_checkinteger(L, 2);
-  if (k < 0 || k > (lua_Integer)1 << 31) return rm_lua_errorf(L, "remat.randint: count %d is out of range", (int)k);
+  const char *fn = luaL_optstring(L, 3, "remat.randint");
+  if (k < 0 || k > (lua_Integer)1 << 31) return rm_lua_errorf(L, "%s: count %I is out of range", fn, (lua_Integer)k);
+  if (rm_memory_room(rm_lua_ctx(L), RM_CPU, RM_CAT_TEMP, 24.0 * (double)k)) return rm_lua_fail(L, fn);
   int64_t *out = scratch(L, sizeof(int64_t) * (size_t)k);
-  if (rm_randint(rm_lua_ctx(L), n, k, out) != RM_OK) return rm_lua_fail(L, "remat.randint");
+  if (rm_randint(rm_lua_ctx(L), n, k, out) != RM_OK) return rm_lua_fail(L, fn);
   push_int_table(L, out, k);
   return 1;
+}
+
+/* C.memory_room(bytes, fn): raises the out-of-memory error when bytes more would not
+ * fit under the CPU limit (checked before work whose size the caller chose). */
+static int l_memory_room(lua_State *L) {
+  double bytes = luaL_checknumber(L, 1);
+  const char *fn = luaL_checkstring(L, 2);
+  if (rm_memory_room(rm_lua_ctx(L), RM_CPU, RM_CAT_TEMP, bytes)) return rm_lua_fail(L, fn);
+  return 0;
 }
 
 /* C.encode_bytes(str, map, category) -> float32 1-D tensor with map[byte] for each
@@ -249,6 +272,7 @@ static const luaL_Reg io_c[] = {
   { "windows", l_windows },
   { "randperm", l_randperm },
   { "randint", l_randint },
+  { "memory_room", l_memory_room },
   { "encode_bytes", l_encode_bytes },
   { NULL, NULL },
 };

@@ -2,6 +2,7 @@
  * line, the collect-and-retry hook, and the embedded Lua library. */
 #include <dlfcn.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -139,7 +140,8 @@ static int open_module(lua_State *L) {
   return 1;
 }
 
-int rm_lua_open(lua_State *L, rm_ctx *ctx) {
+/* Opens remat into L bound to ctx (luaopen_remat also reopens a state's own context). */
+static int open_into(lua_State *L, rm_ctx *ctx) {
   lua_pushcfunction(L, open_module);
   lua_pushlightuserdata(L, ctx);
   if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
@@ -174,6 +176,21 @@ static void stderr_log(void *ud, int level, const char *msg) {
   fprintf(stderr, "[remat %s] %s\n", level >= 0 && level <= 2 ? names[level] : "log", msg);
 }
 
+int rm_lua_open(lua_State *L, rm_ctx *ctx) {
+  if (!L || !ctx) {
+    if (ctx) return rm_fail(ctx, RM_ERR_ARG, "rm_lua_open: NULL lua_State");
+    return RM_ERR_ARG;
+  }
+  /* one context per state: a second open would rebind the state's tensors and modules */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &CTX_KEY);
+  bool bound = lua_touserdata(L, -1) != NULL;
+  lua_pop(L, 1);
+  if (bound)
+    return rm_fail(ctx, RM_ERR_STATE, "rm_lua_open: remat is already open in this lua_State "
+                   "(use require \"remat\" or rm_lua_context to reach it)");
+  return open_into(L, ctx);
+}
+
 int luaopen_remat(lua_State *L) {
   Dl_info who;
   void *push = foreign_lua(&who);
@@ -204,7 +221,7 @@ int luaopen_remat(lua_State *L) {
     *pp = ctx = rm_ctx_new(&a, stderr_log, NULL);
     if (!ctx) return luaL_error(L, "remat: cannot create a context (out of memory)");
   }
-  if (rm_lua_open(L, ctx) != RM_OK) return luaL_error(L, "%s", rm_errmsg(ctx));
+  if (open_into(L, ctx) != RM_OK) return luaL_error(L, "%s", rm_errmsg(ctx));
   return 1;
 }
 
@@ -216,6 +233,10 @@ static int traceback(lua_State *L) {
 }
 
 int rm_lua_run(lua_State *L, rm_ctx *ctx, const char *file_or_code, int is_code) {
+  if (!L || !ctx || !file_or_code) {
+    if (ctx) return rm_fail(ctx, RM_ERR_ARG, "rm_lua_run: NULL state or source");
+    return RM_ERR_ARG;
+  }
   int top = lua_gettop(L);
   lua_pushcfunction(L, traceback);
   int rc = is_code ? luaL_loadbuffer(L, file_or_code, strlen(file_or_code), "=(code)")

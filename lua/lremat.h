@@ -10,9 +10,12 @@
 
 #define RM_TENSOR_MT "remat.Tensor"
 
-/* The userdata of a tensor: a hold on the tensor, NULL once freed. */
+/* The userdata of a tensor: a hold on the tensor, NULL once freed; linked into its
+ * state's list of handles until collected (lua/ltensor.c: handles made by finalizers
+ * while the state closes get no finalizer of their own, and are released from it). */
 typedef struct rm_ltensor {
   rm_tensor *t;
+  struct rm_ltensor *prev, *next;
 } rm_ltensor;
 
 /* The context this lua_State is bound to. */

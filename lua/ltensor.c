@@ -25,20 +25,77 @@ rm_tensor *rm_lua_check_tensor(lua_State *L, int idx, const char *fn) {
 /* The userdata remembers the context its tensor belongs to (user value 1), so that a
  * tensor collected after remat was opened again in the same state (busted reloads
  * modules between spec files) is released into its own context. */
+/* Every handle of a state, in a list anchored in a userdata made at the state's first
+ * open (so it is finalised after every tensor made later). Lua gives objects made by
+ * finalizers during lua_close no finalizer; the anchor's releases what they hold. */
+static const char HANDLES_KEY = 0;
+typedef struct handles {
+  rm_ltensor head;
+  rm_ctx *ctx;
+} handles;
+
+static void unlink_handle(rm_ltensor *b) {
+  if (!b->next) return;
+  b->prev->next = b->next;
+  b->next->prev = b->prev;
+  b->prev = b->next = NULL;
+}
+
+static int handles_gc(lua_State *L) {
+  handles *h = lua_touserdata(L, 1);
+  while (h->head.next != &h->head) {
+    rm_ltensor *b = h->head.next;
+    unlink_handle(b);
+    if (b->t) {
+      rm_tensor *t = b->t;
+      b->t = NULL;
+      rm_tensor_drop(h->ctx, t);
+    }
+  }
+  return 0;
+}
+
+static void open_handles(lua_State *L) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &HANDLES_KEY);
+  bool have = lua_touserdata(L, -1) != NULL;
+  lua_pop(L, 1);
+  if (have) return;
+  handles *h = lua_newuserdatauv(L, sizeof *h, 0);
+  h->head.t = NULL;
+  h->head.prev = h->head.next = &h->head;
+  h->ctx = rm_lua_ctx(L);
+  lua_newtable(L);
+  lua_pushcfunction(L, handles_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &HANDLES_KEY);
+}
+
 void rm_lua_push_tensor(lua_State *L, rm_tensor *t, const char *fn) {
   if (!t) rm_lua_fail(L, fn);
   rm_ctx *ctx = rm_lua_ctx(L);
   rm_ltensor *b = lua_newuserdatauv(L, sizeof *b, 1);
   b->t = NULL;
+  b->prev = b->next = NULL;
   luaL_setmetatable(L, RM_TENSOR_MT);
   lua_pushlightuserdata(L, ctx);
   lua_setiuservalue(L, -2, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &HANDLES_KEY);
+  handles *h = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (h) {
+    b->next = h->head.next;
+    b->prev = &h->head;
+    h->head.next->prev = b;
+    h->head.next = b;
+  }
   b->t = t;
 }
 
 /* The one release used by __gc, __close and :free(). */
 static int t_free(lua_State *L) {
   rm_ltensor *b = luaL_testudata(L, 1, RM_TENSOR_MT);
+  if (b) unlink_handle(b);
   if (b && b->t) {
     rm_tensor *t = b->t;
     lua_getiuservalue(L, 1, 1);
@@ -333,17 +390,18 @@ static int l_at(lua_State *L) {
   rm_tensor *t = rm_lua_check_tensor(L, 1, "at");
   if (lua_gettop(L) - 1 != t->ndim)
     return rm_lua_errorf(L, "at: %d indices for a %d-d tensor", lua_gettop(L) - 1, t->ndim);
-  t = on_cpu(L, t, "at");
-  int64_t off = 0;
+  /* indices first: a bad one raises before the CPU copy is held */
+  int64_t idx[RM_MAX_DIM];
   for (int d = 0; d < t->ndim; d++) {
     lua_Integer i = luaL_checkinteger(L, d + 2);
-    if (i < 1 || i > t->shape[d]) {
-      rm_tensor_drop(rm_lua_ctx(L), t);
-      return rm_lua_errorf(L, "at: index %d is out of range for dimension %d of size %d", (int)i, d + 1,
-                           (int)t->shape[d]);
-    }
-    off += (i - 1) * t->stride[d];
+    if (i < 1 || i > t->shape[d])
+      return rm_lua_errorf(L, "at: index %I is out of range for dimension %d of size %I", (lua_Integer)i, d + 1,
+                           (lua_Integer)t->shape[d]);
+    idx[d] = i - 1;
   }
+  t = on_cpu(L, t, "at");
+  int64_t off = 0;
+  for (int d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
   const void *p = rm_tensor_ptr(t);
   double v = t->dtype == RM_F64 ? ((const double *)p)[off] : ((const float *)p)[off];
   rm_tensor_drop(rm_lua_ctx(L), t);
@@ -756,6 +814,7 @@ static const luaL_Reg tensor_c[] = {
 };
 
 void rm_lua_open_tensor(lua_State *L) {
+  open_handles(L);
   luaL_newmetatable(L, RM_TENSOR_MT);
   luaL_setfuncs(L, tensor_mt, 0);
   lua_setfield(L, -2, "Tensor_mt");

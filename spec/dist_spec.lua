@@ -50,6 +50,12 @@ end
 describe("remat.dist under mpirun -np 2 #subprocess", function()
   if not require("support.need").check("mpi", why) then return end
 
+  it("a script that ends with os.exit(0) after dist.init (no dist.run) exits 0: MPI is finalised at exit", function()
+    local out, code, res = mpirun("os_exit.lua", 2, 30)
+    assert.equals(0, code, out)
+    for rank = 1, 2 do assert.equals("true", res[rank] and res[rank].trained, out) end
+  end)
+
   it("allreduce, broadcast and all_gather on odd sizes, empty and 0-d tensors, float32 and float64", function()
     local out, code, res = mpirun("collectives.lua", 2, 30)
     assert.equals(0, code, out)

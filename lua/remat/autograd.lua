@@ -48,10 +48,13 @@ function memory.parse(s) return C.parse_bytes(s) end
 
 -- "1.50 MiB" from bytes.
 function memory.format(b)
+  if type(b) ~= "number" or b ~= b then
+    error("memory.format: expected a number of bytes, got " .. (type(b) == "number" and "nan" or type(b)), 2)
+  end
   local units = { "B", "KiB", "MiB", "GiB", "TiB" }
   local u = 1
   while b >= 1024 and u < #units do b = b / 1024; u = u + 1 end
-  if u == 1 then return string.format("%d B", b) end
+  if u == 1 then return string.format("%.0f B", b) end
   return string.format("%.2f %s", b, units[u])
 end
 

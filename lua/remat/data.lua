@@ -87,7 +87,7 @@ function Dataset:batches(batch_size, opts)
     end
   end
   local shuffle = opts.shuffle ~= false
-  local perm = shuffle and C.randperm(self.n) or nil
+  local perm = shuffle and C.randperm(self.n, "batches") or nil
   local nb = self:num_batches(bs, opts.drop_last)
   local x, y, n, i = self.x, self.y, self.n, 0
   return function()
@@ -127,6 +127,8 @@ function data.fashion_mnist(split, opts)
   end
   opts = check_opts(fn, opts)
   local dir = opts.dir or data.fashion_mnist_dir
+  if type(dir) ~= "string" then fail(fn .. ": dir must be a string, got " .. type(dir)) end
+  if dir:find("\0", 1, true) then fail(fn .. ": the path contains a NUL byte (\\0)") end
   local prefix = split == "train" and "train" or "t10k"
   local paths = { dir .. "/" .. prefix .. "-images-idx3-ubyte.gz", dir .. "/" .. prefix .. "-labels-idx1-ubyte.gz" }
   for _, p in ipairs(paths) do
@@ -138,6 +140,12 @@ function data.fashion_mnist(split, opts)
   local rank, ws = shard_of(fn, opts)
   local x = C.read_idx(paths[1], limit)
   local y = C.read_idx(paths[2], limit)
+  if #C.info(x) ~= 2 or #C.info(y) ~= 1 then
+    local xd, yd = #C.info(x), #C.info(y)
+    C.free(x); C.free(y)
+    fail(("%s: %s must hold images (an IDX file of 3 dimensions) and %s labels (1 dimension); they have %d and %d")
+      :format(fn, paths[1], paths[2], xd == 2 and 3 or 1, yd == 2 and 3 or 1))
+  end
   if (C.info(x))[1] ~= (C.info(y))[1] then
     fail(("%s: %s has %d images but %s has %d labels"):format(fn, paths[1], (C.info(x))[1], paths[2], (C.info(y))[1]))
   end
@@ -168,6 +176,7 @@ data.Text = Text
 function data.text(path, opts)
   local fn = "remat.data.text"
   if type(path) ~= "string" then fail(fn .. ": the path must be a string, got " .. type(path)) end
+  if path:find("\0", 1, true) then fail(fn .. ": the path contains a NUL byte (\\0)") end
   opts = check_opts(fn, opts)
   local block = check_int(fn, opts.block or 64, "block", 1)
   local vf = opts.val_fraction or 0.1
@@ -240,7 +249,9 @@ function Text:batch(B, split)
     w = C.windows(src, T)
     self.windows[split] = w
   end
-  local starts = C.randint(L - T, B)
+  -- x and y (float32), the starts table and its scratch, checked before any is taken
+  C.memory_room(2.0 * B * T * 4 + 24.0 * B, "batch")
+  local starts = C.randint(L - T, B, "batch")
   local x = C.take_rows(w, starts, 1, B)
   for k = 1, B do starts[k] = starts[k] + 1 end
   local y = C.take_rows(w, starts, 1, B)

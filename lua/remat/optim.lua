@@ -177,16 +177,38 @@ function Optimizer:check()
   return self
 end
 
--- One update of every parameter that has a gradient.
+-- One update of every parameter that has a gradient. Atomic: what the step allocates
+-- (contiguous gradients, state made at a parameter's first step) comes first, so that
+-- running out of memory leaves parameters, state and step counts as they were and a
+-- retry applies each update once.
 function Optimizer:step()
+  if getmetatable(self) ~= Optimizer then fail("opt:step: call it with a colon (opt:step()), got " .. describe(self)) end
   self:check()
+  local todo, fresh = {}, {}
+  local ok, err = pcall(function()
+    for i, p in ipairs(self.params) do
+      local g = grad_of(p)
+      if g then
+        todo[#todo + 1] = { i, p, g }
+        if self._prepare and self:_prepare(i, p) then fresh[#fresh + 1] = i end
+      end
+    end
+  end)
+  if not ok then
+    for _, u in ipairs(todo) do C.free(u[3]) end
+    for _, i in ipairs(fresh) do
+      for _, v in pairs(self.state[i]) do if is_tensor(v) then C.free(v) end end
+      self.state[i] = nil
+    end
+    error(err, 0)
+  end
   self.steps = self.steps + 1
-  for i, p in ipairs(self.params) do
-    local g = grad_of(p)
-    if g then
-      local ok, err = pcall(self._update, self, i, p, g)
-      C.free(g)
-      if not ok then error(err, 0) end
+  for k, u in ipairs(todo) do
+    ok, err = pcall(self._update, self, u[1], u[2], u[3])
+    C.free(u[3])
+    if not ok then
+      for q = k + 1, #todo do C.free(todo[q][3]) end
+      error(err, 0)
     end
   end
 end
@@ -237,6 +259,8 @@ function Optimizer:load_state_dict(tensors, meta)
   for key, t in pairs(tensors) do
     local i, name = tostring(key):match("^(%d+)%.(.+)$")
     if not i then fail(("%s: unexpected key '%s'"):format(fn, tostring(key))) end
+    if not is_tensor(t) then fail(("%s: %s is %s, not a tensor"):format(fn, key, describe(t))) end
+    if C.is_freed(t) then fail(("%s: the tensor of %s was freed"):format(fn, key)) end
     i = slot(i)
     local p = self.params[i]
     local ps, ts = C.info(p), C.info(t)
@@ -251,6 +275,18 @@ function Optimizer:load_state_dict(tensors, meta)
   for key, v in pairs(meta) do
     local i, name = tostring(key):match("^(%d+)%.(.+)$")
     if i then state[slot(i)][name] = parse_value(v) end
+  end
+  -- a parameter's state is all there or absent (never stepped): a partial one would
+  -- fail inside the next step
+  for i, st in pairs(state) do
+    for _, k in ipairs(self:_state_keys()) do
+      local want = k == "step" and "number" or "tensor"
+      local v = st[k]
+      if v == nil then fail(("%s: the state of parameter %d lacks '%d.%s'"):format(fn, i, i, k)) end
+      if (want == "number") ~= (type(v) == "number") or (want == "number" and (v < 0 or v ~= math.floor(v))) then
+        fail(("%s: '%d.%s' must be %s, got %s"):format(fn, i, k, want == "number" and "a step count" or "a tensor", describe(v)))
+      end
+    end
   end
   for _, k in ipairs(self.hyper) do
     if meta[k] ~= nil then self[k] = parse_value(meta[k]) end
@@ -276,10 +312,22 @@ function optim.SGD(params, opts)
     fail(fn .. ": nesterov momentum requires a momentum and zero dampening")
   end
   local self = new("SGD", params, o, { "lr", "momentum", "dampening", "weight_decay", "nesterov" })
+  self._state_keys = function(s) return s.momentum == 0 and {} or { "momentum_buffer" } end
+  -- makes the momentum buffer at a parameter's first step; true when it did
+  self._prepare = function(s, i, p)
+    local st = s.state[i]
+    if s.momentum == 0 or (st and st.momentum_buffer) then return false end
+    if st then -- master weights only: a buffer added to it stays harmless if the step fails
+      st.momentum_buffer, st.first = state_tensor(p), true
+      return false
+    end
+    s.state[i] = { momentum_buffer = state_tensor(p), first = true }
+    return true
+  end
   self._update = function(s, i, p, g)
     local st = s.state[i]
     local attrs = { f = { s.lr, s.momentum, s.weight_decay, s.dampening }, i = { s.nesterov and 1 or 0, 0 } }
-    if not st and (s.momentum ~= 0 or low_precision(p)) then
+    if not st and low_precision(p) then
       st = {}
       s.state[i] = st
     end
@@ -289,10 +337,7 @@ function optim.SGD(params, opts)
       store_master(p, w)
       return
     end
-    if not st.momentum_buffer then
-      st.momentum_buffer = state_tensor(p)
-      attrs.i[2] = 1
-    end
+    if st.first then attrs.i[2], st.first = 1, nil end
     local b = st.momentum_buffer
     C.op_into("sgd_step", attrs, { w, g, b }, { w, b })
     store_master(p, w)
@@ -315,12 +360,17 @@ local function adam(kind, decoupled, default_wd)
     check_number(fn, o, "weight_decay", 0)
     o.betas = check_betas(fn, o.betas)
     local self = new(kind, params, o, { "lr", "betas", "eps", "weight_decay" })
+    self._state_keys = function() return { "step", "exp_avg", "exp_avg_sq" } end
+    self._prepare = function(s, i, p)
+      if s.state[i] then return false end
+      local m = state_tensor(p)
+      local ok, v = pcall(state_tensor, p)
+      if not ok then C.free(m); error(v, 0) end
+      s.state[i] = { step = 0, exp_avg = m, exp_avg_sq = v }
+      return true
+    end
     self._update = function(s, i, p, g)
       local st = s.state[i]
-      if not st then
-        st = { step = 0, exp_avg = state_tensor(p), exp_avg_sq = state_tensor(p) }
-        s.state[i] = st
-      end
       st.step = st.step + 1
       local m, v = st.exp_avg, st.exp_avg_sq
       local w = master_of(st, p)

@@ -91,6 +91,9 @@ end
 policy.cheap_ops = { "softmax", "log_softmax", "gelu", "silu", "relu", "sigmoid", "tanh", "dropout" }
 
 local function parse_budget(b)
+  if b == nil then
+    error("policy.budget: expected a budget such as '2GiB' or a number of bytes, got nothing", 3)
+  end
   local bytes = C.parse_bytes(b)
   if not bytes then
     error(("policy.budget: cannot read %s as a size (examples: 2GiB, 512MiB, 1e9)"):format(

@@ -196,6 +196,20 @@ function train.stepper(o)
   return s
 end
 
+-- The stepper's clock, checked: a number of seconds that never runs backwards (a
+-- clock that does would keep run_for from ever reaching its deadline).
+local function read_clock(self)
+  local t = self.clock()
+  if type(t) ~= "number" or t ~= t or t == math.huge or t == -math.huge then
+    fail("remat.train.stepper: the clock returned " .. tostring(t) .. ", not a finite number of seconds")
+  end
+  if self.last_clock and t < self.last_clock then
+    fail(("remat.train.stepper: the clock ran backwards (%.17g after %.17g)"):format(t, self.last_clock))
+  end
+  self.last_clock = t
+  return t
+end
+
 local function finish(self)
   self.done = true
   coroutine.close(self.thread) -- releases what the loop held (its tensors can be collected)
@@ -206,9 +220,14 @@ end
 function Stepper:resume()
   if self.error then error(self.error, 0) end
   if self.done then return nil end
-  local t0 = self.clock()
+  local t0 = read_clock(self)
+  -- grad mode belongs to the loop: it runs with its own (the host's at the first
+  -- resume) and the host gets its own back, even when the loop yields inside no_grad
+  local host_grad = C.grad_enabled()
+  if self.grad_mode ~= nil then C.grad_enabled(self.grad_mode) end
   local ok, v = coroutine.resume(self.thread)
-  local dt = self.clock() - t0
+  self.grad_mode = C.grad_enabled(host_grad)
+  local dt = read_clock(self) - t0
   self.time = self.time + dt
   if not ok then
     self.error = debug.traceback(self.thread, tostring(v))
@@ -252,18 +271,21 @@ function Stepper:run_for(ms)
     fail("stepper:run_for: ms must be a number >= 0, got " .. tostring(ms))
   end
   if self.error then error(self.error, 0) end
-  local clock = self.clock
-  local t0 = clock()
+  local t0 = read_clock(self)
   local deadline = t0 + ms / 1000
-  local steps, units = 0, 0
+  local steps, units, still, prev = 0, 0, 0, t0
   while not self.done do
     local kind = self:resume()
     if kind == nil then break end
     units = units + 1
     if kind == "step" then steps = steps + 1 end
-    if clock() + (self.unit_ms or 0) / 1000 > deadline then break end
+    local t = read_clock(self)
+    -- a clock that stands still cannot end the slice: give up after a few units
+    still = t > prev and 0 or still + 1
+    prev = t
+    if t + (self.unit_ms or 0) / 1000 > deadline or still >= 16 then break end
   end
-  local spent = (clock() - t0) * 1000
+  local spent = (read_clock(self) - t0) * 1000
   return { steps = steps, units = units, ms = spent, loss = self.loss, total = self.steps,
            done = self.done, over = spent > ms }
 end
