@@ -59,7 +59,7 @@ local function labels(n, classes) local y = {} for i = 1, n do y[i] = (i * 7) % 
 
 local function gpt(c)
   local emb = nn.module {
-    tok = nn.Embedding(c.vocab, c.dim), pos = nn.Embedding(c.block, c.dim), positions = remat.arange(1, c.block + 1),
+    tok = nn.Embedding(c.vocab, c.dim), pos = nn.Embedding(c.block, c.dim), positions = remat.arange(1, c.block),
     forward = function(self, x) local p <close> = self.pos(self.positions); return self.tok(x) + p end,
   }
   local layers = { emb }
@@ -253,7 +253,7 @@ print(peer and ("PyTorch %s, %d threads"):format(peer.version, threads)
   or ("PyTorch: not run (%s)"):format(o.torch and why or "--no-torch"))
 print(("load average at start: %s"):format(loadavg()))
 
-local rows = {}
+print(("\n%-7s %6s %14s %14s %8s"):format("model", "steps", "remat s/step", "torch s/step", "ratio"))
 for _, name in ipairs(MODELS) do
   local run = remat_model(name)
   -- steps per round: about o.seconds of remat, from two warm-up steps
@@ -266,16 +266,13 @@ for _, name in ipairs(MODELS) do
     rt[r] = run(n)
     if peer then pt[r] = peer.run(name, n) end
   end
-  rows[#rows + 1] = { name = name, n = n, remat = median(rt), torch = peer and median(pt) }
+  local r = { name = name, n = n, remat = median(rt), torch = peer and median(pt) }
+  print(("%-7s %6d %14.4f %14s %8s"):format(r.name, r.n * o.rounds, r.remat,
+    r.torch and ("%.4f"):format(r.torch) or "-", r.torch and ("%.2f"):format(r.remat / r.torch) or "-"))
+  io.stdout:flush()
   collectgarbage()
   collectgarbage()
 end
 if peer then peer.close() end
-
-print(("\n%-7s %6s %14s %14s %8s"):format("model", "steps", "remat s/step", "torch s/step", "ratio"))
-for _, r in ipairs(rows) do
-  print(("%-7s %6d %14.4f %14s %8s"):format(r.name, r.n * o.rounds, r.remat,
-    r.torch and ("%.4f"):format(r.torch) or "-", r.torch and ("%.2f"):format(r.remat / r.torch) or "-"))
-end
 print(("(medians of %d interleaved rounds; ratio below 1: remat is faster; load average at end: %s)"):format(
   o.rounds, loadavg()))
