@@ -91,7 +91,14 @@ static int run_node(rm_ctx *ctx, rm_node *n) {
   rm_tensor *gin[64] = { 0 };
   if (n->nin > 64) return rm_fail(ctx, RM_ERR_ARG, "backward: %s has too many inputs", def->name);
   if (rm_node_check_saved(ctx, n)) return rm_fail_prefix(ctx, "backward");
-  int rc = def->backward(ctx, n, n->gout, gin);
+  /* rematerialise what the backward reads before it allocates anything: a replay then
+   * peaks on top of what the layer keeps, not on top of half-made gradients */
+  int rc = RM_OK;
+  for (int i = 0; i < n->nin && i < 32 && rc == RM_OK; i++)
+    if ((n->saved_in >> i) & 1u) rc = rm_tensor_data_ready(ctx, n->in[i]);
+  for (int j = 0; j < n->nout && rc == RM_OK; j++)
+    if (((n->saved_out >> j) & 1u) && n->out[j]) rc = rm_tensor_data_ready(ctx, n->out[j]);
+  if (rc == RM_OK) rc = def->backward(ctx, n, n->gout, gin);
   if (rc) rm_fail_prefix(ctx, def->name);
   for (int i = 0; i < n->nin; i++) {
     if (!gin[i]) continue;

@@ -53,8 +53,15 @@ void rm_ckpt_layer_end(rm_ctx *ctx, rm_ckpt *st, int layer, rm_tensor *x, rm_ten
   if (st->measure) rm_measure_layer_end(ctx, st->measure, layer, x, y);
   /* x (the previous layer's output) was kept until this layer had used it */
   if (st->defer_evict && !st->overflow) rm_tensor_evict(ctx, x);
+  /* y is evicted after the next layer has used it when this layer is selective for
+   * y's op, or when the next layer is replayed with this one (same segment). A
+   * segment's last output stays while the next layer keeps it for its backward:
+   * evicting it would replay the whole segment for that layer's backward. */
   rm_node *p = y->grad_fn ? y->grad_fn : y->producer;
-  st->defer_evict = p && p->seq > st->layer_seq && evicts(st->plan, layer, p->op);
+  const rm_plan *pl = st->plan;
+  bool same_segment = pl && layer + 1 < pl->n && pl->action[layer + 1] == RM_RECOMPUTE;
+  st->defer_evict = p && p->seq > st->layer_seq && evicts(pl, layer, p->op) &&
+                    (pl->action[layer] == RM_SELECTIVE || same_segment);
   for (size_t i = 0; i < st->n; i++) {
     rm_node *n = st->nodes[i];
     if (!st->overflow && evicts(st->plan, layer, n->op))

@@ -48,6 +48,9 @@ struct rm_ctx {
   struct rm_measure *measure;     /* per-layer measurement during a dry run, or NULL */
   int alloc_tag;                  /* measured layer new activations belong to (-1: none) */
   double recompute_flops;         /* FLOPs replayed to rematerialise evicted tensors */
+  int replay_depth;               /* nesting of rm_node_recompute */
+  int replay_n;                   /* replayed inputs whose eviction waits for the outermost replay */
+  rm_tensor *replay_defer[32];
   /* Called during backward as soon as a leaf's gradient is final (data parallelism
    * starts reducing it while backward goes on). A nonzero return aborts backward. */
   int (*grad_ready)(rm_ctx *ctx, rm_tensor *leaf, void *ud);

@@ -478,7 +478,37 @@ rm_tensor *rm_node_output(rm_ctx *ctx, rm_node *n, int j) {
   return t;
 }
 
-int rm_node_recompute(rm_ctx *ctx, rm_node *n) {
+/* A replayed input nothing needs is evicted once used. One whose storage is shared
+ * (views of it) frees nothing yet, and evicting it would replay its producer again for
+ * the next view (q, k and v of one qkv projection): it waits for the outermost replay. */
+static void replay_evict(rm_ctx *ctx, rm_tensor *t) {
+  if (t->users != 0 || t->pins != 0) return;
+  if (ctx->replay_depth > 1 && t->storage && t->storage->refcount > 1 && ctx->replay_n < 32) {
+    rm_tensor_retain(t);
+    ctx->replay_defer[ctx->replay_n++] = t;
+    return;
+  }
+  rm_tensor_evict(ctx, t);
+}
+
+static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want);
+
+int rm_node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
+  ctx->replay_depth++;
+  int rc = node_recompute(ctx, n, want);
+  if (--ctx->replay_depth == 0) {
+    int m = ctx->replay_n;
+    ctx->replay_n = 0;
+    for (int i = 0; i < m; i++) {
+      rm_tensor *t = ctx->replay_defer[i];
+      if (t->users == 0 && t->pins == 0) rm_tensor_evict(ctx, t);
+      rm_tensor_release(ctx, t);
+    }
+  }
+  return rc;
+}
+
+static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
   const rm_op_def *def = op_table[n->op];
   bool fresh[RM_MAX_INPUTS] = { 0 };
   int rc = RM_OK;
@@ -507,7 +537,8 @@ int rm_node_recompute(rm_ctx *ctx, rm_node *n) {
   }
   for (int j = 0; j < def->nout; j++) {
     rm_tensor *t = n->out[j];
-    if (t && !t->storage && rc == RM_OK) {
+    /* an output nothing uses any more (its readers' backward is done) stays released */
+    if (t && !t->storage && rc == RM_OK && (t == want || t->users > 0)) {
       if (!rm_same_shape(t, outs[j]) || t->dtype != outs[j]->dtype) {
         char s1[64], s2[64];
         rc = rm_fail(ctx, RM_ERR_STATE,
@@ -524,6 +555,6 @@ int rm_node_recompute(rm_ctx *ctx, rm_node *n) {
     rm_tensor_drop(ctx, outs[j]);
   }
   for (int i = 0; i < n->nin; i++)
-    if (fresh[i] && n->in[i]->users == 0 && n->in[i]->pins == 0) rm_tensor_evict(ctx, n->in[i]);
+    if (fresh[i]) replay_evict(ctx, n->in[i]);
   return rc;
 }

@@ -124,8 +124,9 @@ void rm_node_retain(rm_node *n);
 /* Gives back what n holds for its backward (saved data, accumulated gradients). */
 void rm_node_release_saved(rm_ctx *ctx, rm_node *n);
 void rm_node_release(rm_ctx *ctx, rm_node *n);
-/* Runs n's forward again from its inputs and gives its outputs back their data. */
-int rm_node_recompute(rm_ctx *ctx, rm_node *n);
+/* Runs n's forward again from its inputs and gives its outputs back their data: want,
+ * and those still in use (an output nobody reads any more stays released). */
+int rm_node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want);
 
 /* Helpers for infer steps. */
 int rm_check_same_device(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in);

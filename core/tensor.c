@@ -136,7 +136,7 @@ int rm_tensor_data_ready(rm_ctx *ctx, rm_tensor *t) {
   rm_node *n = t->grad_fn ? t->grad_fn : t->producer;
   if (!n)
     return rm_fail(ctx, RM_ERR_STATE, "tensor data was released and cannot be recomputed");
-  int rc = rm_node_recompute(ctx, n);
+  int rc = rm_node_recompute(ctx, n, t);
   if (rc != RM_OK) return rc;
   if (!t->storage)
     return rm_fail(ctx, RM_ERR_STATE, "replaying %s did not restore a tensor", rm_op_name(n->op));
