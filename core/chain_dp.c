@@ -1,68 +1,150 @@
 /* The budget dynamic program over a chain of layers.
  *
- * Model (what the checkpoint engine does, with additive sizes): the first forward
- * leaves kept_i bytes per layer (keep: its saved set; selective: a smaller set;
- * boundary: its input; recompute: nothing). The backward of a keep/selective layer j
- * peaks at P_j + saved_j + bwd_j, where P_j is what the layers before j keep. A
- * segment [a..b] (boundary at a, recompute after it) is replayed from its pinned
- * input when backward reaches it: replay and backward of layer j in it peak at
- * P_a + pin_a + sum(saved_a..j) + fwd_j / bwd_j. Cost = FLOPs replayed.
+ * The model is what the checkpoint engine does with each byte, so that a plan's modelled
+ * peak is the peak its dry run measures (spec/checkpoint_spec.lua checks this on real
+ * models). P is what the layers before k leave live after the forward; a layer's input
+ * (the previous output) is counted in P when the previous layer kept it (in_kept).
+ *   keep / selective k: the forward peaks at P + its input + fwd; it leaves its saved set
+ *     (keep_saved / sel_saved, its output included when the next layer keeps that);
+ *     its backward peaks at P' + held + keep_bwd / sel_bwd, where held is what the loss
+ *     leaves live for the whole backward.
+ *   segment a..b (boundary at a, recompute after it): a's input is pinned (P0 = P with
+ *     it counted); the first forward of j peaks at P0 + x_j + fwd_j (x_j: j's input,
+ *     evicted after j). When backward reaches b, the segment is replayed from the pin
+ *     while b's output gradient is live: replaying j peaks at P0 + held + out_b +
+ *     S(a..j-1) + (x_j not kept) + fwd_j, and j's backward at P0 + held + S(a..j) +
+ *     keep_bwd_j, with S the saved sets replayed. The segment leaves P0 (plus its output
+ *     if it is the model's); the next layer counts that output if it keeps it (the
+ *     engine keeps a segment's output for a layer that needs it).
+ *   the loss peaks at P_n + loss_peak.
+ * Cost = the replay cost of selective layers and segments.
  *
- * As in the rotor DP (Beaumont et al. 2019) the optimum is found over (layer,
- * memory): here the state after deciding layers 0..k-1 is the pair (P_k, cost), and
- * only Pareto-optimal pairs (less memory kept or less recompute) are carried forward.
- * Exact while the frontier is small; past RM_DP_MAX_STATES pairs memory is rounded up
- * to a grid, which can only overestimate (plans stay feasible). */
+ * As in the rotor DP (Beaumont et al. 2019) the optimum is found over (layer, memory):
+ * the state after deciding layers 0..k-1 is (P, cost, whether they end in a segment),
+ * and only Pareto-optimal states are carried forward: one with no more memory and no
+ * more cost (or peak, when minimising the peak) is never worse, so the DP is exact. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "plan.h"
-
-#define RM_DP_MAX_STATES 4096
 
 static const char *const action_names[RM_ACTION_COUNT] = { "keep", "selective", "boundary", "recompute" };
 const char *rm_action_name(rm_action a) { return (unsigned)a < RM_ACTION_COUNT ? action_names[a] : "?"; }
 
 static double dmax(double a, double b) { return a > b ? a : b; }
 
-void rm_chain_eval(const rm_chain_layer *c, int n, const rm_action *act, double *peak_out,
-                   double *cost_out) {
-  double P = 0, peak = 0, cost = 0;
-  int k = 0;
+void rm_chain_from_sims(const rm_sim *keep, const rm_sim *sel, rm_chain_layer *out, rm_chain *chain) {
+  int n = keep->n;
+  for (int k = 0; k < n; k++) {
+    const rm_layer_stats *K = &keep->layers[k];
+    /* the last output is live until the loss is done with it */
+    double out_kept = k == n - 1 ? (double)K->out_bytes : (double)K->out_live;
+    rm_chain_layer *c = &out[k];
+    c->keep_saved = (double)K->saved;
+    c->fwd = (double)K->fwd_peak;
+    c->keep_bwd = (double)K->out_bytes - out_kept + (double)K->bwd_peak;
+    c->in_bytes = (double)K->in_bytes;
+    c->in_kept = k == 0 ? 0 : (double)keep->layers[k - 1].out_live;
+    c->out_bytes = (double)K->out_bytes;
+    c->cost = K->cost;
+    c->sel_saved = c->keep_saved;
+    c->sel_bwd = c->keep_bwd;
+    c->sel_cost = -1;
+    if (!sel) continue;
+    const rm_layer_stats *S = &sel->layers[k];
+    /* selective only where it keeps what keep keeps of the layer's output and input;
+     * elsewhere its measurements belong to another plan */
+    bool clean = S->out_live == K->out_live && (k == 0 || sel->layers[k - 1].out_live == keep->layers[k - 1].out_live);
+    if (clean && S->saved < K->saved) {
+      c->sel_saved = (double)S->saved;
+      c->sel_bwd = (double)K->out_bytes - out_kept + (double)S->bwd_peak;
+      c->sel_cost = S->recompute_cost;
+    }
+  }
+  chain->layer = out;
+  chain->n = n;
+  chain->held = (double)keep->held;
+  chain->loss_peak = (double)keep->loss_peak;
+}
+
+/* ---- transitions (shared by the evaluation and the DP) ---- */
+
+/* Peak and P after layer k kept (sel: selective) from P; seg: the layers before end in
+ * a segment (whose output P does not count). */
+static void step_keep(const rm_chain *c, int k, double P, bool seg, bool sel, double *peak, double *P_after) {
+  const rm_chain_layer *l = &c->layer[k];
+  double counted = k == 0 || seg ? 0 : l->in_kept;
+  double x = k == 0 ? 0 : l->in_bytes - counted;
+  double Pn = P + (seg && k > 0 ? l->in_kept : 0) + (sel ? l->sel_saved : l->keep_saved);
+  *peak = dmax(P + x + l->fwd, Pn + c->held + (sel ? l->sel_bwd : l->keep_bwd));
+  *P_after = Pn;
+}
+
+/* Walks a segment a..b, b = a, a+1, ...: call seg_begin once, then seg_extend for each b. */
+typedef struct seg_walk {
+  double P0;      /* P with the pinned input */
+  double first;   /* max over j of the first forward and the backward terms */
+  double replay;  /* max over j of the replay terms without the output gradient */
+  double S;       /* saved sets of a..b */
+  double cost;
+} seg_walk;
+
+static void seg_begin(const rm_chain *c, int a, double P, bool seg, seg_walk *w) {
+  const rm_chain_layer *l = &c->layer[a];
+  double counted = a == 0 || seg ? 0 : l->in_kept;
+  w->P0 = a == 0 ? P : P - counted + l->in_bytes;
+  w->first = w->replay = -1;
+  w->S = w->cost = 0;
+}
+
+/* Adds layer b; returns the segment's peak and P after it. */
+static double seg_extend(const rm_chain *c, int a, int b, seg_walk *w, double *P_after) {
+  const rm_chain_layer *l = &c->layer[b];
+  double x = b > a ? l->in_bytes : 0;
+  double x_replay = b > a ? l->in_bytes - l->in_kept : 0;
+  w->first = dmax(w->first, w->P0 + x + l->fwd);
+  w->replay = dmax(w->replay, w->P0 + c->held + w->S + x_replay + l->fwd);
+  w->S += l->keep_saved;
+  w->first = dmax(w->first, w->P0 + c->held + w->S + l->keep_bwd);
+  w->cost += l->cost;
+  *P_after = w->P0 + (b == c->n - 1 ? l->out_bytes : 0);
+  return dmax(w->first, w->replay + l->out_bytes);
+}
+
+void rm_chain_eval(const rm_chain *c, const rm_action *act, double *peak_out, double *cost_out) {
+  double P = 0, peak = 0, cost = 0, pk;
+  bool seg = false;
+  int k = 0, n = c->n;
   while (k < n) {
     if (act[k] == RM_KEEP || act[k] == RM_SELECTIVE) {
-      bool sel = act[k] == RM_SELECTIVE && c[k].sel_flops >= 0;
-      double saved = sel ? c[k].sel_saved : c[k].keep_saved;
-      double bwd = sel ? c[k].sel_bwd : c[k].keep_bwd;
-      peak = dmax(peak, P + c[k].keep_fwd);
-      peak = dmax(peak, P + saved + bwd);
-      if (sel) cost += c[k].sel_flops;
-      P += saved;
+      bool sel = act[k] == RM_SELECTIVE && c->layer[k].sel_cost >= 0;
+      step_keep(c, k, P, seg, sel, &pk, &P);
+      if (sel) cost += c->layer[k].sel_cost;
+      peak = dmax(peak, pk);
+      seg = false;
       k++;
       continue;
     }
-    /* a segment: this layer and the recompute layers after it */
     int b = k;
     while (b + 1 < n && act[b + 1] == RM_RECOMPUTE) b++;
-    double pin = k == 0 ? 0 : c[k].in_bytes;
-    double s = 0;
-    for (int j = k; j <= b; j++) {
-      peak = dmax(peak, P + pin + c[j].keep_fwd);     /* first forward */
-      peak = dmax(peak, P + pin + s + c[j].keep_fwd); /* replay */
-      s += c[j].keep_saved;
-      peak = dmax(peak, P + pin + s + c[j].keep_bwd); /* backward */
-      cost += c[j].flops;
-    }
-    P += pin;
+    seg_walk w;
+    seg_begin(c, k, P, seg, &w);
+    for (int j = k; j <= b; j++) pk = seg_extend(c, k, j, &w, &P);
+    peak = dmax(peak, pk);
+    cost += w.cost;
+    seg = true;
     k = b + 1;
   }
-  *peak_out = peak;
+  *peak_out = dmax(peak, P + c->loss_peak);
   *cost_out = cost;
 }
 
+/* ---- the DP ---- */
+
 typedef struct dp_state {
-  double mem, cost;
-  int parent;        /* index in the previous position's states (the position is from) */
+  double mem, obj;   /* P, and the objective so far (cost, or peak) */
+  bool seg;          /* the layers so far end in a segment */
+  int parent;        /* index in the states at position `from` */
   int from;          /* position the transition started at */
   rm_action act;     /* keep / selective / boundary (a segment from..here-1) */
 } dp_state;
@@ -81,56 +163,69 @@ static bool push(rm_ctx *ctx, dp_pos *p, dp_state st) {
   return true;
 }
 
-static int by_mem_then_cost(const void *a, const void *b) {
+static int by_kind_mem_obj(const void *a, const void *b) {
   const dp_state *x = a, *y = b;
+  if (x->seg != y->seg) return x->seg ? 1 : -1;
   if (x->mem != y->mem) return x->mem < y->mem ? -1 : 1;
-  return x->cost < y->cost ? -1 : x->cost > y->cost ? 1 : 0;
+  return x->obj < y->obj ? -1 : x->obj > y->obj ? 1 : 0;
 }
 
-/* Keeps the Pareto frontier (increasing memory, strictly decreasing cost). */
-static void prune(dp_pos *p, double grid) {
-  if (p->n > RM_DP_MAX_STATES && grid > 0)
-    for (int i = 0; i < p->n; i++) p->s[i].mem = grid * (double)(long long)(p->s[i].mem / grid + 0.999999);
+/* Keeps, for each kind, the Pareto frontier (increasing memory, strictly decreasing
+ * objective): every state dropped is dominated by one kept. Nothing is rounded. */
+static void prune(dp_pos *p) {
   if (p->n == 0) return;
-  qsort(p->s, (size_t)p->n, sizeof *p->s, by_mem_then_cost);
+  qsort(p->s, (size_t)p->n, sizeof *p->s, by_kind_mem_obj);
   int w = 0;
   for (int i = 0; i < p->n; i++)
-    if (w == 0 || p->s[i].cost < p->s[w - 1].cost) p->s[w++] = p->s[i];
+    if (w == 0 || p->s[i].seg != p->s[w - 1].seg || p->s[i].obj < p->s[w - 1].obj) p->s[w++] = p->s[i];
   p->n = w;
 }
 
-bool rm_chain_optimal(rm_ctx *ctx, const rm_chain_layer *c, int n, double B,
-                      rm_action *actions, double *cost_out) {
+/* min_peak: minimise the peak (budget ignored); else the cost under the budget. */
+static bool dp_run(rm_ctx *ctx, const rm_chain *c, double B, bool min_peak, rm_action *actions, double *obj_out,
+                   bool *found) {
+  int n = c->n;
+  bool ok = false;
+  *found = false;
   dp_pos *pos = rm_host_calloc(ctx, (size_t)n + 1, sizeof *pos);
-  bool found = false;
   if (!pos) return false;
-  if (!push(ctx, &pos[0], (dp_state){ 0, 0, -1, -1, RM_KEEP })) goto done;
+  if (!push(ctx, &pos[0], (dp_state){ 0, 0, false, -1, -1, RM_KEEP })) goto done;
   for (int k = 0; k < n; k++) {
-    prune(&pos[k], B / RM_DP_MAX_STATES);
+    prune(&pos[k]);
     for (int si = 0; si < pos[k].n; si++) {
-      double P = pos[k].s[si].mem, cost = pos[k].s[si].cost;
-      if (P + c[k].keep_fwd <= B && P + c[k].keep_saved + c[k].keep_bwd <= B)
-        if (!push(ctx, &pos[k + 1], (dp_state){ P + c[k].keep_saved, cost, si, k, RM_KEEP })) goto done;
-      if (c[k].sel_flops >= 0 && P + c[k].keep_fwd <= B && P + c[k].sel_saved + c[k].sel_bwd <= B)
-        if (!push(ctx, &pos[k + 1], (dp_state){ P + c[k].sel_saved, cost + c[k].sel_flops, si, k, RM_SELECTIVE }))
-          goto done;
-      double pin = k == 0 ? 0 : c[k].in_bytes, s = 0, f = 0;
-      for (int j = k; j < n; j++) {
-        double base = P + pin;
-        if (base + c[j].keep_fwd > B || base + s + c[j].keep_fwd > B) break;
-        s += c[j].keep_saved;
-        if (base + s + c[j].keep_bwd > B) break;
-        f += c[j].flops;
-        if (!push(ctx, &pos[j + 1], (dp_state){ P + pin, cost + f, si, k, RM_BOUNDARY })) goto done;
+      dp_state s = pos[k].s[si];
+      double pk, Pn;
+      for (int sel = 0; sel <= 1; sel++) {
+        if (sel && c->layer[k].sel_cost < 0) continue;
+        step_keep(c, k, s.mem, s.seg, sel, &pk, &Pn);
+        if (!min_peak && pk > B) continue;
+        double obj = min_peak ? dmax(s.obj, pk) : s.obj + (sel ? c->layer[k].sel_cost : 0);
+        if (!push(ctx, &pos[k + 1], (dp_state){ Pn, obj, false, si, k, sel ? RM_SELECTIVE : RM_KEEP })) goto done;
+      }
+      seg_walk w;
+      seg_begin(c, k, s.mem, s.seg, &w);
+      for (int b = k; b < n; b++) {
+        pk = seg_extend(c, k, b, &w, &Pn);
+        /* first and replay only grow with b: past the budget, so is every longer segment */
+        if (!min_peak && (w.first > B || w.replay > B)) break;
+        if (!min_peak && pk > B) continue;
+        double obj = min_peak ? dmax(s.obj, pk) : s.obj + w.cost;
+        if (!push(ctx, &pos[b + 1], (dp_state){ Pn, obj, true, si, k, RM_BOUNDARY })) goto done;
       }
     }
   }
-  prune(&pos[n], 0);
-  if (pos[n].n > 0) {
-    int best = 0;
-    for (int i = 1; i < pos[n].n; i++)
-      if (pos[n].s[i].cost < pos[n].s[best].cost) best = i;
-    *cost_out = pos[n].s[best].cost;
+  prune(&pos[n]);
+  int best = -1;
+  double best_obj = 0;
+  for (int i = 0; i < pos[n].n; i++) {
+    dp_state s = pos[n].s[i];
+    double end = s.mem + c->loss_peak;
+    if (!min_peak && end > B) continue;
+    double obj = min_peak ? dmax(s.obj, end) : s.obj;
+    if (best < 0 || obj < best_obj) best = i, best_obj = obj;
+  }
+  if (best >= 0) {
+    *obj_out = best_obj;
     int at = n, idx = best;
     while (at > 0) {
       dp_state st = pos[at].s[idx];
@@ -139,10 +234,21 @@ bool rm_chain_optimal(rm_ctx *ctx, const rm_chain_layer *c, int n, double B,
       idx = st.parent;
       at = st.from;
     }
-    found = true;
+    *found = true;
   }
+  ok = true;
 done:
   for (int k = 0; k <= n; k++) rm_host_free(ctx, pos[k].s, sizeof(dp_state) * (size_t)pos[k].cap);
   rm_host_free(ctx, pos, sizeof *pos * ((size_t)n + 1));
-  return found;
+  return ok;
+}
+
+bool rm_chain_optimal(rm_ctx *ctx, const rm_chain *c, double B, rm_action *actions, double *cost_out) {
+  bool found;
+  return dp_run(ctx, c, B, false, actions, cost_out, &found) && found;
+}
+
+bool rm_chain_min_peak(rm_ctx *ctx, const rm_chain *c, rm_action *actions, double *peak) {
+  bool found;
+  return dp_run(ctx, c, 0, true, actions, peak, &found) && found;
 }

@@ -23,6 +23,23 @@ void rm_measure_layer_end(rm_ctx *ctx, rm_measure *m, int layer, rm_tensor *x, r
   l->fwd_peak = window_peak(ctx, m) - m->layer_start;
   l->out_bytes = rm_tensor_nbytes(y);
   ctx->alloc_tag = -1;
+  if (!m->outs[layer]) {
+    rm_tensor_retain(y);
+    m->outs[layer] = y;
+  }
+}
+
+void rm_measure_outputs_done(rm_ctx *ctx, rm_measure *m) {
+  for (int i = 0; i < m->n; i++) {
+    rm_tensor *y = m->outs[i];
+    if (!y) continue;
+    m->layers[i].out_live = y->storage ? rm_tensor_nbytes(y) : 0;
+    rm_tensor_release(ctx, y);
+    m->outs[i] = NULL;
+  }
+  m->fwd_end = act_live(ctx, m);
+  m->in_loss = true;
+  window_open(ctx, m);
 }
 
 void rm_measure_on_op(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
@@ -48,6 +65,11 @@ void rm_measure_close(rm_ctx *ctx, rm_measure *m) {
 
 void rm_measure_before_node(rm_ctx *ctx, rm_measure *m, rm_node *n) {
   if (n->tag == m->bwd_layer) return;
+  if (m->in_loss) {
+    m->in_loss = false;
+    m->loss_peak = window_peak(ctx, m) - m->fwd_end;
+    m->held = act_live(ctx, m) - m->fwd_end;
+  }
   rm_measure_close(ctx, m);
   m->bwd_layer = n->tag;
   ctx->alloc_tag = n->tag;

@@ -96,10 +96,12 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   rm_measure m = { .n = n, .device = dev, .bwd_layer = -1 };
   m.layers = rm_host_calloc(ctx, (size_t)(n ? n : 1), sizeof *m.layers);
   m.tag_live = rm_host_calloc(ctx, (size_t)(n ? n : 1), sizeof *m.tag_live);
+  m.outs = rm_host_calloc(ctx, (size_t)(n ? n : 1), sizeof *m.outs);
   stash st = { .ctx = ctx };
-  if (!m.layers || !m.tag_live) {
+  if (!m.layers || !m.tag_live || !m.outs) {
     rm_host_free(ctx, m.layers, sizeof *m.layers * (size_t)(n ? n : 1));
     rm_host_free(ctx, m.tag_live, sizeof *m.tag_live * (size_t)(n ? n : 1));
+    rm_host_free(ctx, m.outs, sizeof *m.outs * (size_t)(n ? n : 1));
     return rm_fail(ctx, RM_ERR_OOM, "plan: out of host memory");
   }
   for (int i = 0; i < n; i++) rm_module_visit_params(ctx, seq->children[i], param_bytes, &m.layers[i].param_bytes);
@@ -135,6 +137,7 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   if (st.oom) rc = rm_fail(ctx, RM_ERR_OOM, "plan: out of host memory");
   rm_tensor *y = NULL, *l = NULL;
   if (rc == RM_OK) rc = rm_sequential_forward(ctx, seq, x, &y);
+  rm_measure_outputs_done(ctx, &m);
   if (rc == RM_OK) {
     for (int i = 0; i < n; i++) m.layers[i].saved = m.tag_live[i];
     if (loss) rc = loss(ctx, y, &l, loss_ud);
@@ -152,6 +155,8 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   rm_tensor_drop(ctx, l);
   rm_tensor_drop(ctx, y);
   sim->peak = ms->peak[RM_CAT_ACTIVATION];
+  sim->loss_peak = m.loss_peak;
+  sim->held = m.held;
   sim->recompute_flops = ctx->recompute_flops;
   for (int i = 0; i < n; i++) {
     sim->flops += m.layers[i].flops;
@@ -184,6 +189,7 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   ctx->category = cat;
   ctx->recompute_flops = rflops;
   rm_host_free(ctx, m.tag_live, sizeof *m.tag_live * (size_t)(n ? n : 1));
+  rm_host_free(ctx, m.outs, sizeof *m.outs * (size_t)(n ? n : 1));
   if (rc != RM_OK || !want_layers) {
     rm_host_free(ctx, m.layers, sizeof *m.layers * (size_t)(n ? n : 1));
   } else {

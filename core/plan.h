@@ -41,6 +41,7 @@ typedef struct rm_layer_stats {
   size_t saved;           /* activation bytes allocated by the layer, live after forward */
   size_t in_bytes;        /* size of the layer's input */
   size_t out_bytes;       /* size of the layer's output */
+  size_t out_live;        /* out_bytes if the output is still live after the forward, else 0 */
   size_t fwd_peak;        /* peak above the live bytes at the layer's start, forward */
   size_t bwd_peak;        /* peak above the live bytes at the start of its backward */
   size_t param_bytes;
@@ -52,6 +53,9 @@ typedef struct rm_sim {
   double flops;           /* forward FLOPs */
   double recompute_flops; /* FLOPs replayed during backward */
   double recompute_cost;  /* their replay cost (rm_op_cost) */
+  size_t loss_peak;       /* peak above the forward's end before the first layer's backward */
+  size_t held;            /* bytes the loss leaves live for the whole backward (its output,
+                           * the model output's gradient) */
   rm_layer_stats *layers; /* n entries when asked for, else NULL */
   int n;
 } rm_sim;
@@ -69,21 +73,35 @@ void rm_sim_free(rm_ctx *ctx, rm_sim *sim);
 
 /* ---- the budget dynamic program over an abstract chain ---- */
 
-/* One layer of a chain, as the DP sees it: bytes, and replay costs in any additive unit
- * (remat uses rm_op_cost: FLOPs + bytes moved x the device's balance). */
+/* One layer of a chain, as the DP sees it: bytes (as the engine holds them; see
+ * chain_dp.c), and replay costs in any additive unit (remat uses rm_op_cost). */
 typedef struct rm_chain_layer {
-  double keep_saved, keep_fwd, keep_bwd;  /* keep: kept bytes, forward/backward peaks */
-  double sel_saved, sel_bwd, sel_flops;   /* selective: kept bytes, bwd peak, replay cost (<0: n/a) */
-  double in_bytes;                        /* the layer input (kept by a boundary) */
-  double flops;                           /* forward replay cost (under boundary/recompute) */
+  double keep_saved, sel_saved; /* bytes left after its forward under keep / selective */
+  double fwd;                   /* forward peak above the live bytes at its start (input included) */
+  double keep_bwd, sel_bwd;     /* backward peak above what keep / selective left */
+  double in_bytes;              /* its input (kept by a boundary) */
+  double in_kept;               /* bytes of its input that it keeps for its backward */
+  double out_bytes;             /* its output (and the output's gradient) */
+  double cost;                  /* forward replay cost (under boundary / recompute) */
+  double sel_cost;              /* replay cost under selective (< 0: not available) */
 } rm_chain_layer;
 
+typedef struct rm_chain {
+  const rm_chain_layer *layer;
+  int n;
+  double held;       /* live for the whole backward besides the layers' (the loss' leftovers) */
+  double loss_peak;  /* peak of the loss above what the forward left */
+} rm_chain;
+
+/* The chain of a Sequential from dry runs under keep-everything and all-selective
+ * (sel may be NULL: no selective layers). out: n entries. */
+void rm_chain_from_sims(const rm_sim *keep, const rm_sim *sel, rm_chain_layer *out, rm_chain *chain);
 /* Peak memory and recompute cost of actions[] on the chain (the DP's cost model). */
-void rm_chain_eval(const rm_chain_layer *c, int n, const rm_action *actions, double *peak,
-                   double *cost);
+void rm_chain_eval(const rm_chain *c, const rm_action *actions, double *peak, double *cost);
 /* The plan with the least recompute whose modelled peak is <= budget. Returns true and
  * fills actions[] when one exists. */
-bool rm_chain_optimal(rm_ctx *ctx, const rm_chain_layer *c, int n, double budget,
-                      rm_action *actions, double *cost);
+bool rm_chain_optimal(rm_ctx *ctx, const rm_chain *c, double budget, rm_action *actions, double *cost);
+/* The smallest modelled peak of any plan (and that plan). False: out of host memory. */
+bool rm_chain_min_peak(rm_ctx *ctx, const rm_chain *c, rm_action *actions, double *peak);
 
 #endif

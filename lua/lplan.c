@@ -153,6 +153,8 @@ static int l_plan_simulate(lua_State *L) {
   lua_newtable(L);
   set_int(L, "peak", sim.peak);
   set_int(L, "base", sim.base);
+  set_int(L, "loss_peak", sim.loss_peak);
+  set_int(L, "held", sim.held);
   set_num(L, "flops", sim.flops);
   set_num(L, "recompute_flops", sim.recompute_flops);
   set_num(L, "recompute_cost", sim.recompute_cost);
@@ -168,6 +170,7 @@ static int l_plan_simulate(lua_State *L) {
       set_int(L, "saved", s->saved);
       set_int(L, "in_bytes", s->in_bytes);
       set_int(L, "out_bytes", s->out_bytes);
+      set_int(L, "out_live", s->out_live);
       set_int(L, "fwd_peak", s->fwd_peak);
       set_int(L, "bwd_peak", s->bwd_peak);
       set_int(L, "param_bytes", s->param_bytes);
@@ -186,8 +189,19 @@ static double field(lua_State *L, int idx, const char *k, double def) {
   return v;
 }
 
-/* Reads a chain table {{keep_saved=, keep_fwd=, ...}, ...}; returns n (chain in *out). */
-static int read_chain(lua_State *L, int idx, rm_chain_layer **out) {
+static const char *const chain_fields[] = { "keep_saved", "sel_saved", "fwd", "keep_bwd", "sel_bwd", "in_bytes",
+                                            "in_kept", "out_bytes", "cost", "sel_cost" };
+
+static double *chain_slot(rm_chain_layer *c, int f) {
+  double *slots[] = { &c->keep_saved, &c->sel_saved, &c->fwd, &c->keep_bwd, &c->sel_bwd, &c->in_bytes,
+                      &c->in_kept, &c->out_bytes, &c->cost, &c->sel_cost };
+  return slots[f];
+}
+
+#define NFIELDS ((int)(sizeof chain_fields / sizeof *chain_fields))
+
+/* Reads a chain table { held=, loss_peak=, {keep_saved=, ...}, ... } into *chain. */
+static void read_chain(lua_State *L, int idx, rm_chain *chain) {
   luaL_checktype(L, idx, LUA_TTABLE);
   int n = (int)luaL_len(L, idx);
   rm_chain_layer *c = lua_newuserdatauv(L, sizeof *c * (size_t)(n ? n : 1), 0);
@@ -195,41 +209,103 @@ static int read_chain(lua_State *L, int idx, rm_chain_layer **out) {
     lua_rawgeti(L, idx, i + 1);
     int t = lua_gettop(L);
     luaL_checktype(L, t, LUA_TTABLE);
-    c[i].keep_saved = field(L, t, "keep_saved", 0);
-    c[i].keep_fwd = field(L, t, "keep_fwd", 0);
-    c[i].keep_bwd = field(L, t, "keep_bwd", 0);
-    c[i].sel_saved = field(L, t, "sel_saved", 0);
-    c[i].sel_bwd = field(L, t, "sel_bwd", 0);
-    c[i].sel_flops = field(L, t, "sel_flops", -1);
-    c[i].in_bytes = field(L, t, "in_bytes", 0);
-    c[i].flops = field(L, t, "flops", 0);
+    for (int f = 0; f < NFIELDS; f++) *chain_slot(&c[i], f) = field(L, t, chain_fields[f], f == NFIELDS - 1 ? -1 : 0);
     lua_pop(L, 1);
   }
-  *out = c;
-  return n;
+  chain->layer = c;
+  chain->n = n;
+  chain->held = field(L, idx, "held", 0);
+  chain->loss_peak = field(L, idx, "loss_peak", 0);
 }
 
-/* C.chain_optimal(chain, budget) -> actions (list of names), cost | nil */
-static int l_chain_optimal(lua_State *L) {
-  rm_chain_layer *c;
-  int n = read_chain(L, 1, &c);
-  double budget = luaL_checknumber(L, 2);
-  rm_action *act = lua_newuserdatauv(L, sizeof *act * (size_t)(n ? n : 1), 0);
-  double cost = 0;
-  if (!rm_chain_optimal(rm_lua_ctx(L), c, n, budget, act, &cost)) return 0;
+/* Reads a C.plan_simulate result (with layers) into sim (layers as userdata on the stack). */
+static void read_sim(lua_State *L, int idx, rm_sim *sim) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  memset(sim, 0, sizeof *sim);
+  sim->held = (size_t)field(L, idx, "held", 0);
+  sim->loss_peak = (size_t)field(L, idx, "loss_peak", 0);
+  if (lua_getfield(L, idx, "layers") != LUA_TTABLE) luaL_error(L, "chain_from_sims: a simulation without layers");
+  int t = lua_gettop(L);
+  int n = (int)luaL_len(L, t);
+  rm_layer_stats *ls = lua_newuserdatauv(L, sizeof *ls * (size_t)(n ? n : 1), 0);
+  lua_insert(L, t); /* keep the userdata below the layers table */
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, t + 1, i + 1);
+    int e = lua_gettop(L);
+    ls[i] = (rm_layer_stats){
+      .saved = (size_t)field(L, e, "saved", 0), .in_bytes = (size_t)field(L, e, "in_bytes", 0),
+      .out_bytes = (size_t)field(L, e, "out_bytes", 0), .out_live = (size_t)field(L, e, "out_live", 0),
+      .fwd_peak = (size_t)field(L, e, "fwd_peak", 0), .bwd_peak = (size_t)field(L, e, "bwd_peak", 0),
+      .cost = field(L, e, "cost", 0), .recompute_cost = field(L, e, "recompute_cost", 0) };
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  sim->layers = ls;
+  sim->n = n;
+}
+
+/* C.chain_from_sims(keep_sim, sel_sim | nil) -> chain table (the DP's view of the model) */
+static int l_chain_from_sims(lua_State *L) {
+  rm_sim keep, sel;
+  read_sim(L, 1, &keep);
+  bool has_sel = !lua_isnoneornil(L, 2);
+  if (has_sel) {
+    read_sim(L, 2, &sel);
+    if (sel.n != keep.n) return rm_lua_errorf(L, "chain_from_sims: %d and %d layers", keep.n, sel.n);
+  }
+  rm_chain_layer *c = lua_newuserdatauv(L, sizeof *c * (size_t)(keep.n ? keep.n : 1), 0);
+  rm_chain chain;
+  rm_chain_from_sims(&keep, has_sel ? &sel : NULL, c, &chain);
+  lua_createtable(L, chain.n, 2);
+  set_num(L, "held", chain.held);
+  set_num(L, "loss_peak", chain.loss_peak);
+  for (int i = 0; i < chain.n; i++) {
+    lua_createtable(L, 0, NFIELDS);
+    for (int f = 0; f < NFIELDS; f++) set_num(L, chain_fields[f], *chain_slot(&c[i], f));
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static void push_actions(lua_State *L, const rm_action *act, int n) {
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
     lua_pushstring(L, rm_action_name(act[i]));
     lua_rawseti(L, -2, i + 1);
   }
+}
+
+/* C.chain_optimal(chain, budget) -> actions (list of names), cost | nil */
+static int l_chain_optimal(lua_State *L) {
+  rm_chain chain;
+  read_chain(L, 1, &chain);
+  double budget = luaL_checknumber(L, 2);
+  rm_action *act = lua_newuserdatauv(L, sizeof *act * (size_t)(chain.n ? chain.n : 1), 0);
+  double cost = 0;
+  if (!rm_chain_optimal(rm_lua_ctx(L), &chain, budget, act, &cost)) return 0;
+  push_actions(L, act, chain.n);
   lua_pushnumber(L, cost);
+  return 2;
+}
+
+/* C.chain_min_peak(chain) -> peak, actions: the smallest modelled peak of any plan */
+static int l_chain_min_peak(lua_State *L) {
+  rm_chain chain;
+  read_chain(L, 1, &chain);
+  rm_action *act = lua_newuserdatauv(L, sizeof *act * (size_t)(chain.n ? chain.n : 1), 0);
+  double peak = 0;
+  if (!rm_chain_min_peak(rm_lua_ctx(L), &chain, act, &peak))
+    return rm_lua_errorf(L, "chain_min_peak: out of host memory");
+  lua_pushnumber(L, peak);
+  push_actions(L, act, chain.n);
   return 2;
 }
 
 /* C.chain_eval(chain, actions) -> peak, cost */
 static int l_chain_eval(lua_State *L) {
-  rm_chain_layer *c;
-  int n = read_chain(L, 1, &c);
+  rm_chain chain;
+  read_chain(L, 1, &chain);
+  int n = chain.n;
   luaL_checktype(L, 2, LUA_TTABLE);
   if ((int)luaL_len(L, 2) != n) return rm_lua_errorf(L, "chain_eval: %d actions for %d layers", (int)luaL_len(L, 2), n);
   rm_action *act = lua_newuserdatauv(L, sizeof *act * (size_t)(n ? n : 1), 0);
@@ -239,7 +315,7 @@ static int l_chain_eval(lua_State *L) {
     lua_pop(L, 1);
   }
   double peak, cost;
-  rm_chain_eval(c, n, act, &peak, &cost);
+  rm_chain_eval(&chain, act, &peak, &cost);
   lua_pushnumber(L, peak);
   lua_pushnumber(L, cost);
   return 2;
@@ -265,7 +341,9 @@ static int l_layer_info(lua_State *L) {
 static const luaL_Reg fns[] = {
   { "plan_install", l_plan_install },
   { "plan_simulate", l_plan_simulate },
+  { "chain_from_sims", l_chain_from_sims },
   { "chain_optimal", l_chain_optimal },
+  { "chain_min_peak", l_chain_min_peak },
   { "chain_eval", l_chain_eval },
   { "layer_info", l_layer_info },
   { NULL, NULL },

@@ -163,111 +163,140 @@ describe("activation memory under every(k)", function()
     assert.truthy(last, "no budget in the sweep was feasible")
   end)
 
-  it("an infeasible budget names the smallest budget that fits, and that one fits", function()
+  it("an infeasible budget names the smallest budget that fits, exactly: that one fits, one byte less does not", function()
     local ok, err = pcall(step, build, x, loss_fn, policy.budget(1024))
     assert.is_false(ok)
     local smallest = tonumber(tostring(err):match("policy%.budget%((%d+)%)"))
     assert.truthy(smallest, err)
     local _, _, peak = step(build, x, loss_fn, policy.budget(smallest))
     assert.is_true(peak <= smallest)
+    -- exact: one byte less is refused, naming the same minimum
+    local ok2, err2 = pcall(step, build, x, loss_fn, policy.budget(smallest - 1))
+    assert.is_false(ok2)
+    assert.equal(smallest, tonumber(tostring(err2):match("policy%.budget%((%d+)%)")))
   end)
 end)
 
--- An independent Lua model of the DP's chain cost, for brute force.
-local function chain_eval(c, act)
-  local P, peak, cost, k, n = 0, 0, 0, 1, #c
-  while k <= n do
-    local a = act[k]
-    if a == "keep" or (a == "selective" and c[k].sel_flops < 0) then
-      peak = math.max(peak, P + c[k].keep_fwd, P + c[k].keep_saved + c[k].keep_bwd)
-      P = P + c[k].keep_saved
-      k = k + 1
-    elseif a == "selective" then
-      peak = math.max(peak, P + c[k].keep_fwd, P + c[k].sel_saved + c[k].sel_bwd)
-      P = P + c[k].sel_saved
-      cost = cost + c[k].sel_flops
-      k = k + 1
+-- A Lua model of the DP's chain (the rules in core/chain_dp.c's header), for brute force.
+-- Returns the peak and cost of a plan; with `upto`, of its first layers only (a lower
+-- bound for every plan that starts so). Bytes and costs are integers, so sums are exact.
+local function chain_eval(c, act, upto)
+  local n, P, peak, cost, seg, k = #c, 0, 0, 0, false, 1
+  local max = math.max
+  upto = upto or n
+  while k <= upto do
+    local l, a = c[k], act[k]
+    local counted = (k == 1 or seg) and 0 or l.in_kept
+    if a == "keep" or a == "selective" then
+      local sel = a == "selective" and l.sel_cost >= 0
+      peak = max(peak, P + (k == 1 and 0 or l.in_bytes - counted) + l.fwd)
+      P = P + ((seg and k > 1) and l.in_kept or 0) + (sel and l.sel_saved or l.keep_saved)
+      peak = max(peak, P + c.held + (sel and l.sel_bwd or l.keep_bwd))
+      if sel then cost = cost + l.sel_cost end
+      seg, k = false, k + 1
     else
       local b = k
-      while b < n and act[b + 1] == "recompute" do b = b + 1 end
-      local pin = k == 1 and 0 or c[k].in_bytes
-      local s = 0
+      while b < upto and act[b + 1] == "recompute" do b = b + 1 end
+      local P0 = k == 1 and P or P - counted + l.in_bytes
+      local S = 0
       for j = k, b do
-        peak = math.max(peak, P + pin + c[j].keep_fwd, P + pin + s + c[j].keep_fwd)
-        s = s + c[j].keep_saved
-        peak = math.max(peak, P + pin + s + c[j].keep_bwd)
-        cost = cost + c[j].flops
+        local lj = c[j]
+        local x, xr = 0, 0
+        if j > k then x, xr = lj.in_bytes, lj.in_bytes - lj.in_kept end
+        peak = max(peak, P0 + x + lj.fwd, P0 + c.held + c[b].out_bytes + S + xr + lj.fwd)
+        S = S + lj.keep_saved
+        peak = max(peak, P0 + c.held + S + lj.keep_bwd)
+        cost = cost + lj.cost
       end
-      P = P + pin
-      k = b + 1
+      P = P0 + (b == n and c[b].out_bytes or 0)
+      seg, k = true, b + 1
     end
   end
-  return peak, cost
+  if upto < n then return peak, cost end
+  return max(peak, P + c.loss_peak), cost
 end
 
 describe("the budget DP", function()
-  local ACTS = { "keep", "selective", "boundary", "recompute" }
   local seed = 12345
   local function rnd(n)
     seed = (seed * 1103515245 + 12345) % 2147483648
     return seed % n
   end
+  -- Heterogeneous chains with the engine's structure: each input is the previous
+  -- output, kept by the layer or not; sizes from a few values, so ties are common.
   local function random_chain(n)
-    local c = {}
+    local c = { held = 1 + rnd(20), loss_peak = 0 }
+    c.loss_peak = c.held + rnd(20)
+    local out = 4 * (1 + rnd(8))
     for i = 1, n do
-      local saved = 10 + rnd(90)
-      c[i] = { keep_saved = saved, keep_fwd = 5 + rnd(40), keep_bwd = 5 + rnd(60),
-               sel_saved = rnd(saved), sel_bwd = 5 + rnd(70), sel_flops = rnd(3) == 0 and -1 or 1 + rnd(30),
-               in_bytes = 5 + rnd(40), flops = 1 + rnd(100) }
+      local inb = out
+      out = 4 * (1 + rnd(8))
+      local in_kept = (i > 1 and rnd(3) > 0) and inb or 0
+      local saved = in_kept + 4 * rnd(25)
+      local sel_ok = rnd(3) > 0
+      c[i] = { in_bytes = inb, in_kept = in_kept, out_bytes = out, keep_saved = saved,
+               sel_saved = sel_ok and in_kept + rnd(saved - in_kept + 1) or saved,
+               fwd = out + 4 * rnd(10), keep_bwd = out + 4 * rnd(15), sel_bwd = out + 4 * rnd(20),
+               cost = 1 + rnd(20), sel_cost = sel_ok and 1 + rnd(8) or -1 }
     end
     return c
   end
 
-  -- Exhaustive search over every plan: each layer keeps, is selective, or starts a
-  -- segment (boundary + recompute) of any length; a branch stops only when its partial
-  -- peak is already over the budget or its cost cannot beat the best found. Leaves are
-  -- scored by chain_eval above, independently of the DP.
-  local function brute(c, budget)
-    local n, best, act = #c, math.huge, {}
-    local function rec(k, P, peak, cost)
-      if peak > budget or cost >= best then return end
-      if k > n then
-        local p2, c2 = chain_eval(c, act)
-        assert(p2 == peak and c2 == cost)
-        best = cost
-        return
+  -- Every plan: each layer keeps, is selective, or starts a segment (boundary +
+  -- recompute) of any length. Calls leaf(actions) for each; `cut(peak, cost)` prunes a
+  -- branch whose partial peak or cost is already too high (peaks only grow).
+  local function plans(c, leaf, cut)
+    local n, act = #c, {}
+    local function rec(k)
+      if k > n then return leaf(act) end
+      for _, a in ipairs { "keep", "selective" } do
+        if a == "keep" or c[k].sel_cost >= 0 then
+          act[k] = a
+          local pk, cost = chain_eval(c, act, k)
+          if not cut(pk, cost) then rec(k + 1) end
+        end
       end
-      act[k] = "keep"
-      rec(k + 1, P + c[k].keep_saved, math.max(peak, P + c[k].keep_fwd, P + c[k].keep_saved + c[k].keep_bwd), cost)
-      if c[k].sel_flops >= 0 then
-        act[k] = "selective"
-        rec(k + 1, P + c[k].sel_saved, math.max(peak, P + c[k].keep_fwd, P + c[k].sel_saved + c[k].sel_bwd),
-          cost + c[k].sel_flops)
-      end
-      local pin, s, f, pk = k == 1 and 0 or c[k].in_bytes, 0, 0, peak
       for b = k, n do
-        act[b] = b == k and "boundary" or "recompute"
-        pk = math.max(pk, P + pin + c[b].keep_fwd, P + pin + s + c[b].keep_fwd)
-        s = s + c[b].keep_saved
-        pk = math.max(pk, P + pin + s + c[b].keep_bwd)
-        f = f + c[b].flops
-        rec(b + 1, P + pin, pk, cost + f)
+        for j = k, b do act[j] = j == k and "boundary" or "recompute" end
+        local pk, cost = chain_eval(c, act, b)
+        if not cut(pk, cost) then rec(b + 1) end
       end
     end
-    rec(1, 0, 0, 0)
+    rec(1)
+  end
+
+  local function brute_cost(c, budget)
+    local best = math.huge
+    plans(c, function(act)
+      local pk, cost = chain_eval(c, act)
+      if pk <= budget and cost < best then best = cost end
+    end, function(pk, cost) return pk > budget or cost >= best end)
     return best
   end
 
-  it("finds the same optimum as brute force on random chains of up to 10 layers", function()
+  local function brute_min_peak(c)
+    local best = math.huge
+    plans(c, function(act)
+      local pk = chain_eval(c, act)
+      if pk < best then best = pk end
+    end, function(pk) return pk >= best end)
+    return best
+  end
+
+  it("finds exactly the brute-force optimum on random chains of up to 10 layers", function()
     for _, n in ipairs { 1, 2, 3, 5, 7, 8, 10 } do
-      for _ = 1, 6 do
+      for _ = 1, 5 do
         local c = random_chain(n)
         local all = {}
         for i = 1, n do all[i] = "keep" end
         local keep_peak = chain_eval(c, all)
-        for _, frac in ipairs { 1.0, 0.8, 0.6, 0.45, 0.3 } do
-          local budget = keep_peak * frac
-          local want = brute(c, budget)
+        local min_peak = brute_min_peak(c)
+        local got_min, min_act = C.chain_min_peak(c)
+        assert.equal(min_peak, got_min)
+        assert.equal(min_peak, (chain_eval(c, min_act)))
+        for _, budget in ipairs { keep_peak, keep_peak - 1, min_peak + (keep_peak - min_peak) * 0.6 // 1,
+                                  min_peak + (keep_peak - min_peak) * 0.25 // 1, min_peak, min_peak - 1 } do
+          local want = brute_cost(c, budget)
           local actions, cost = C.chain_optimal(c, budget)
           if want == math.huge then
             assert.is_nil(actions, ("n=%d budget=%g: DP found a plan brute force did not"):format(n, budget))
@@ -285,6 +314,51 @@ describe("the budget DP", function()
       end
     end
   end)
+
+  -- The chain the budget policy builds (lua/remat/policy.lua), and its dry runs.
+  local function real_chain(model, x, loss)
+    local n = #model
+    local keep = C.plan_simulate(model, x, false, loss, true)
+    local selplan = {}
+    for i = 1, n do selplan[i] = { action = "selective", ops = policy.cheap_ops } end
+    local sel = C.plan_simulate(model, x, selplan, loss, true)
+    for i = 1, n do
+      if sel.layers[i].out_live ~= keep.layers[i].out_live then selplan[i] = { action = "keep" } end
+    end
+    sel = C.plan_simulate(model, x, selplan, loss, true)
+    return C.chain_from_sims(keep, sel), keep
+  end
+
+  for _, case in ipairs {
+    { "models/mlp.lua, 16 blocks", "models/mlp.lua", { "--plan", "--blocks", "16", "--width", "32", "--batch", "16" } },
+    { "models/mlp.lua, 32 blocks", "models/mlp.lua", { "--plan", "--blocks", "32", "--width", "32", "--batch", "16" } },
+    { "a 12-block GPT (models/gpt.lua)", "models/gpt.lua",
+      { "--plan", "--layers", "12", "--dim", "32", "--heads", "2", "--block", "32", "--batch", "2" } },
+  } do
+    it("predicts the dry run's peak exactly for every DP plan on " .. case[1], function()
+      local spec = assert(loadfile(case[2]))(table.unpack(case[3]))
+      local model, x, loss = spec.model, spec.input(), spec.loss
+      local chain, keep = real_chain(model, x, loss)
+      local min_peak, min_act = C.chain_min_peak(chain)
+      local top = keep.peak - keep.base
+      local budgets = { min_peak }
+      for i = 0, 15 do budgets[#budgets + 1] = min_peak + (top - min_peak) * i / 15 // 1 end
+      local checked = 0
+      for _, b in ipairs(budgets) do
+        local act = b == min_peak and min_act or C.chain_optimal(chain, b)
+        assert.truthy(act, ("budget %d has a plan (the smallest is %d)"):format(b, min_peak))
+        local plan = {}
+        for i, a in ipairs(act) do plan[i] = { action = a, ops = a == "selective" and policy.cheap_ops or nil } end
+        local sim = C.plan_simulate(model, x, plan, loss, false)
+        local modelled = C.chain_eval(chain, act)
+        assert.equal(sim.peak - sim.base, modelled, table.concat(act, " "))
+        assert.is_true(modelled <= b)
+        checked = checked + 1
+      end
+      assert.is_nil(C.chain_optimal(chain, min_peak - 1))
+      assert.equal(#budgets, checked)
+    end)
+  end
 end)
 
 describe("model:checkpoint", function()

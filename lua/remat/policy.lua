@@ -110,7 +110,9 @@ end
 
 -- The plan with the least recompute whose activation peak is <= b (bytes or "2GiB").
 -- Recompute is priced as a roofline: FLOPs + bytes moved x the device's FLOPs per byte,
--- so memory-bound ops (softmax, gelu, dropout) are not taken for free.
+-- so memory-bound ops (softmax, gelu, dropout) are not taken for free. The DP's memory
+-- model is the engine's (core/chain_dp.c): its plan's peak is the dry run's, so one
+-- simulation verifies it.
 function policy.budget(b)
   local bytes = parse_budget(b)
   return new(("budget(%s)"):format(remat.memory.format(bytes)), {
@@ -122,45 +124,43 @@ function policy.budget(b)
       local ops = {}
       local set = known_ops()
       for _, op in ipairs(policy.cheap_ops) do if set[op] then ops[#ops + 1] = op end end
-      local sel = ctx.simulate(uniform(n, "selective", ops), true)
-      local chain = {}
+      -- A layer whose selective run evicts its own output (a lone GELU) offers no
+      -- selective choice; measure the others with it kept, as the DP will place them.
+      local selplan = uniform(n, "selective", ops)
+      local sel = ctx.simulate(selplan, true)
+      local again = false
       for i = 1, n do
-        local k, s = keep.layers[i], sel.layers[i]
-        chain[i] = {
-          keep_saved = k.saved, keep_fwd = k.fwd_peak, keep_bwd = k.bwd_peak + k.out_bytes,
-          sel_saved = s.saved, sel_bwd = s.bwd_peak + k.out_bytes,
-          sel_flops = s.saved < k.saved and s.recompute_cost or -1,
-          in_bytes = k.in_bytes, flops = k.cost,
-        }
+        if sel.layers[i].out_live ~= keep.layers[i].out_live then selplan[i], again = { action = "keep" }, true end
       end
-      -- The DP's model is additive; the simulation is the truth. Tighten the DP's
-      -- budget by what a simulated plan overshoots until one fits.
-      local m = bytes - keep.base
-      for _ = 1, 8 do
-        local actions = C.chain_optimal(chain, m)
-        if not actions then break end
+      if again then sel = ctx.simulate(selplan, true) end
+      local chain = C.chain_from_sims(keep, sel)
+      local actions = C.chain_optimal(chain, bytes - keep.base)
+      if actions then
         local plan = plan_of(actions, ops)
-        local sim = ctx.simulate(plan)
-        if sim.peak <= bytes then return plan end
-        m = m - (sim.peak - bytes) - 1
+        if ctx.simulate(plan).peak <= bytes then return plan end
       end
-      -- Otherwise search: DP plans over a sweep of modelled budgets and every(k); the
-      -- fitting one with the least recompute wins.
-      local best, best_flops, smallest = nil, math.huge, math.huge
+      -- The model and the dry run disagree (a layer the model does not describe):
+      -- DP plans over a sweep of modelled budgets and every(k); the fitting one with the
+      -- least recompute wins.
+      local best, best_cost, smallest = nil, math.huge, math.huge
       local function try(plan)
         local sim = ctx.simulate(plan)
         smallest = math.min(smallest, sim.peak)
-        if sim.peak <= bytes and sim.recompute_cost < best_flops then
-          best, best_flops = plan, sim.recompute_cost
+        if sim.peak <= bytes and sim.recompute_cost < best_cost then
+          best, best_cost = plan, sim.recompute_cost
         end
       end
-      local hi = keep.peak - keep.base
-      for i = 0, 23 do
-        local actions = C.chain_optimal(chain, hi * (0.85 ^ i))
-        if actions then try(plan_of(actions, ops)) end
+      local _, min_actions = C.chain_min_peak(chain)
+      try(plan_of(min_actions, ops))
+      if actions then
+        local hi = keep.peak - keep.base
+        for i = 0, 23 do
+          local a = C.chain_optimal(chain, hi * (0.85 ^ i))
+          if a then try(plan_of(a, ops)) end
+        end
+        for k = 1, math.min(n, 8) do try(policy.every(k).resolve(n)) end
+        try(policy.sqrt().resolve(n))
       end
-      for k = 1, math.min(n, 8) do try(policy.every(k).resolve(n)) end
-      try(policy.sqrt().resolve(n))
       if best then return best end
       error(("policy.budget: no plan keeps activations within %s; the smallest that fits needs %s (policy.budget(%d))"):format(
         remat.memory.format(bytes), remat.memory.format(smallest), smallest), 0)
