@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "lnn.h"
+#include "../core/backend.h"
 #include "../core/plan.h"
 
 static rm_action check_action(lua_State *L, const char *s, int layer) {
@@ -158,6 +159,8 @@ static int l_plan_simulate(lua_State *L) {
   set_num(L, "flops", sim.flops);
   set_num(L, "recompute_flops", sim.recompute_flops);
   set_num(L, "recompute_cost", sim.recompute_cost);
+  const rm_backend *be = ctx->backend[x->device];
+  set_num(L, "flops_per_byte", be ? be->flops_per_byte : 0);
   if (sim.layers) {
     lua_createtable(L, sim.n, 0);
     for (int i = 0; i < sim.n; i++) {

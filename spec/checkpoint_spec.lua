@@ -361,6 +361,19 @@ describe("the budget DP", function()
   end
 end)
 
+describe("a plan report", function()
+  it("states its replay cost and the cost model it was priced with", function()
+    remat.manual_seed(1)
+    local m = residual_mlp(4, 8, 0)
+    local report = m:plan(remat.randn(4, 8), { policy = policy.every(2) })
+    assert.is_true(report.recompute_cost > report.recompute_flops)
+    assert.is_true(report.flops_per_byte > 0)
+    local text = tostring(report)
+    assert.matches("replay cost", text)
+    assert.matches("cost model: a replay costs its FLOPs %+ bytes moved x [%d.]+ FLOP/byte", text)
+  end)
+end)
+
 describe("model:checkpoint", function()
   it("re-resolves the policy when a layer is added, and returns the model", function()
     local m = nn.Sequential { nn.Linear(3, 3) }

@@ -139,8 +139,10 @@ PlanReport.__tostring = function(r)
   end
   lines[#lines + 1] = "saved: activation bytes the layer allocates in forward that stay alive for backward"
   lines[#lines + 1] = ("predicted peak activation: %s (keep everything: %s)"):format(fmt(r.predicted_peak), fmt(r.keep_peak))
-  lines[#lines + 1] = ("recompute: %s (%.1f%% of the forward's %s)"):format(fmt_flops(r.recompute_flops),
-    r.flops > 0 and 100 * r.recompute_flops / r.flops or 0, fmt_flops(r.flops))
+  lines[#lines + 1] = ("recompute: %s (%.1f%% of the forward's %s); replay cost %s"):format(fmt_flops(r.recompute_flops),
+    r.flops > 0 and 100 * r.recompute_flops / r.flops or 0, fmt_flops(r.flops), fmt_flops(r.recompute_cost))
+  lines[#lines + 1] = ("cost model: a replay costs its FLOPs + bytes moved x %g FLOP/byte (the device's balance);"):format(r.flops_per_byte)
+  lines[#lines + 1] = "  peaks count bytes as the engine holds them (a budget plan's equals its dry run's)"
   return table.concat(lines, "\n")
 end
 
@@ -194,7 +196,8 @@ function Module:plan(x, opts)
   local recomputes = recomputed_ops(self, x, opts.loss, plan, keep)
   local info = C.layer_info(self)
   local report = setmetatable({ policy = tostring(p), layers = {}, predicted_peak = sim.peak,
-    recompute_flops = sim.recompute_flops, flops = sim.flops, keep_peak = keep.peak, base = sim.base }, PlanReport)
+    recompute_flops = sim.recompute_flops, recompute_cost = sim.recompute_cost, flops_per_byte = sim.flops_per_byte,
+    flops = sim.flops, keep_peak = keep.peak, base = sim.base }, PlanReport)
   for i, l in ipairs(sim.layers) do
     report.layers[i] = {
       index = i, name = info[i].describe, type = info[i].type, action = plan[i].action,
