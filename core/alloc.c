@@ -7,7 +7,6 @@
 
 #include "backend.h"
 #include "alloc.h"
-#include "measure.h"
 
 char *rm_format_bytes(size_t b, char *buf, size_t n) {
   static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
@@ -81,7 +80,7 @@ int rm_memory_room(rm_ctx *ctx, rm_device dev, rm_category cat, double bytes) {
 
 /* Returns NULL (error set) when over the limit or the device refuses. */
 static void *try_alloc(rm_ctx *ctx, const rm_backend *b, rm_device dev, rm_category cat,
-                       size_t bytes, bool *over) {
+                       size_t bytes, bool phantom, bool *over) {
   rm_memstats *m = &ctx->mem[dev];
   *over = false;
   if (m->limit && m->live_total + bytes > m->limit) {
@@ -89,7 +88,7 @@ static void *try_alloc(rm_ctx *ctx, const rm_backend *b, rm_device dev, rm_categ
     oom_error(ctx, dev, cat, bytes, "allocation past the limit");
     return NULL;
   }
-  if (ctx->dry && ctx->phantom_ok) return (void *)1; /* phantom: accounted, never touched */
+  if (phantom) return (void *)1; /* accounted, never touched */
   void *p = b->malloc(ctx, bytes ? bytes : 1);
   if (!p) {
     *over = true;
@@ -98,7 +97,8 @@ static void *try_alloc(rm_ctx *ctx, const rm_backend *b, rm_device dev, rm_categ
   return p;
 }
 
-rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t bytes) {
+static rm_storage *storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t bytes,
+                               bool phantom) {
   const rm_backend *b = rm_backend_get(ctx, dev);
   if (!b) return NULL;
   rm_memstats *m = &ctx->mem[dev];
@@ -113,9 +113,9 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
     return NULL;
   }
   bool over;
-  void *p = try_alloc(ctx, b, dev, cat, bytes, &over);
+  void *p = try_alloc(ctx, b, dev, cat, bytes, phantom, &over);
   if (!p && over && ctx->reclaim && ctx->reclaim(ctx->reclaim_ud))
-    p = try_alloc(ctx, b, dev, cat, bytes, &over);
+    p = try_alloc(ctx, b, dev, cat, bytes, phantom, &over);
   if (!p) {
     rm_host_free(ctx, s, sizeof *s);
     return NULL;
@@ -124,7 +124,7 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
   s->device = dev;
   s->category = cat;
   s->bytes = bytes;
-  s->phantom = ctx->dry && ctx->phantom_ok;
+  s->phantom = phantom;
   s->data = s->phantom ? NULL : p;
   s->epoch = ctx->dry ? ctx->dry_epoch : 0;
   if (s->epoch) ctx->dry_live[dev][cat] += bytes;
@@ -132,15 +132,19 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
   m->live_total += bytes;
   m->reserved = b->reserved ? b->reserved(ctx) : m->reserved + bytes;
   if (m->live[cat] > m->peak[cat]) m->peak[cat] = m->live[cat];
-  if (m->live[cat] > m->window && cat == RM_CAT_ACTIVATION) m->window = m->live[cat];
-  s->tag = -1;
   s->version = 0;
-  if (ctx->measure && cat == RM_CAT_ACTIVATION && ctx->alloc_tag >= 0 && ctx->alloc_tag < ctx->measure->n) {
-    s->tag = ctx->alloc_tag;
-    ctx->measure->tag_live[s->tag] += bytes;
-  }
   if (m->live_total > m->peak_total) m->peak_total = m->live_total;
+  s->tag = -1;
+  if (rm_hooked(ctx, RM_HOOK_ALLOC)) rm_hook_fire(ctx, RM_HOOK_ALLOC, &(rm_event){ .storage = s });
   return s;
+}
+
+rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t bytes) {
+  return storage_new(ctx, dev, cat, bytes, false);
+}
+
+rm_storage *rm_storage_new_dry(rm_ctx *ctx, rm_device dev, rm_category cat, size_t bytes) {
+  return storage_new(ctx, dev, cat, bytes, ctx->dry);
 }
 
 void rm_storage_retain(rm_storage *s) { s->refcount++; }
@@ -148,6 +152,7 @@ void rm_storage_retain(rm_storage *s) { s->refcount++; }
 void rm_storage_release(rm_ctx *ctx, rm_storage *s) {
   if (!s || --s->refcount > 0) return;
   const rm_backend *b = ctx->backend[s->device];
+  if (rm_hooked(ctx, RM_HOOK_FREE)) rm_hook_fire(ctx, RM_HOOK_FREE, &(rm_event){ .storage = s });
   if (s->epoch && (!ctx->dry || s->epoch != ctx->dry_epoch)) {
     /* made by a dry run that has ended: its bytes stopped counting then */
     if (s->data) b->free(ctx, s->data, s->bytes);
@@ -158,7 +163,6 @@ void rm_storage_release(rm_ctx *ctx, rm_storage *s) {
   if (s->epoch) ctx->dry_live[s->device][s->category] -= s->bytes;
   m->live[s->category] -= s->bytes;
   m->live_total -= s->bytes;
-  if (s->tag >= 0 && ctx->measure && s->tag < ctx->measure->n) ctx->measure->tag_live[s->tag] -= s->bytes;
   if (s->data) b->free(ctx, s->data, s->bytes);
   m->reserved = b->reserved ? b->reserved(ctx) : m->reserved - s->bytes;
   rm_host_free(ctx, s, sizeof *s);

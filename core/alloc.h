@@ -11,7 +11,7 @@ typedef struct rm_storage {
   rm_device device;
   rm_category category;
   size_t bytes;
-  int tag;             /* measured layer that allocated it (dry runs), -1 otherwise */
+  int tag;             /* -1; an RM_HOOK_ALLOC subscriber may note what made it here */
   bool phantom;        /* an op output of a dry run: no data behind it */
   uint32_t epoch;      /* the dry run that made it (0: a real run); counted only in it */
   uint32_t version;    /* bumped by every in-place write: autograd checks that what a node
@@ -23,6 +23,9 @@ typedef struct rm_storage {
  * reclaim-and-retry) fails with RM_ERR_OOM naming the request, live bytes by category
  * and the limit. Returns NULL on failure with the ctx error set. */
 rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t bytes);
+/* As rm_storage_new, but in a dry run a phantom: accounted, no memory behind it (the
+ * outputs of ops, whose kernels a dry run skips). */
+rm_storage *rm_storage_new_dry(rm_ctx *ctx, rm_device dev, rm_category cat, size_t bytes);
 void rm_storage_retain(rm_storage *s);
 void rm_storage_release(rm_ctx *ctx, rm_storage *s);
 

@@ -3,12 +3,11 @@
 #include <string.h>
 
 #include "autograd.h"
-#include "measure.h"
 #include "ops.h"
 
 int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat) {
-  rm_category saved = ctx->category;
-  ctx->category = cat;
+  rm_scope sc;
+  rm_scope_enter(ctx, &sc, cat, RM_SAME);
   int rc = RM_OK;
   if (!*acc) {
     if (g->storage && g->storage->category == cat && g->refcount == 1 && rm_tensor_is_contiguous(g)) {
@@ -27,7 +26,7 @@ int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat) {
       else { rm_tensor_drop(ctx, *acc); *acc = sum; rc = RM_OK; }
     }
   }
-  ctx->category = saved;
+  rm_scope_leave(ctx, &sc);
   return rc;
 }
 
@@ -43,9 +42,9 @@ static int collect(rm_ctx *ctx, rm_node *root, rm_node ***out, size_t *count, si
   rm_node **stack = rm_host_malloc(ctx, cap * sizeof *stack);
   size_t scap = cap;
   if (!list || !stack) goto oom;
-  /* visited mark: the top bit of needs_grad, cleared again below */
+  /* visited marks are cleared again below */
   stack[top++] = root;
-  root->needs_grad |= 0x80000000u;
+  root->visited = true;
   while (top) {
     rm_node *nd = stack[--top];
     if (n == cap) {
@@ -57,8 +56,8 @@ static int collect(rm_ctx *ctx, rm_node *root, rm_node ***out, size_t *count, si
     list[n++] = nd;
     for (int i = 0; i < nd->nin; i++) {
       rm_node *p = nd->in[i]->grad_fn;
-      if (!p || !rm_node_needs_grad(nd, i) || (p->needs_grad & 0x80000000u)) continue;
-      p->needs_grad |= 0x80000000u;
+      if (!p || !rm_node_needs_grad(nd, i) || p->visited) continue;
+      p->visited = true;
       if (top == scap) {
         rm_node **ns = rm_host_realloc(ctx, stack, scap * sizeof *stack, 2 * scap * sizeof *stack);
         if (!ns) goto oom;
@@ -68,7 +67,7 @@ static int collect(rm_ctx *ctx, rm_node *root, rm_node ***out, size_t *count, si
       stack[top++] = p;
     }
   }
-  for (size_t k = 0; k < n; k++) list[k]->needs_grad &= ~0x80000000u;
+  for (size_t k = 0; k < n; k++) list[k]->visited = false;
   rm_host_free(ctx, stack, scap * sizeof *stack);
   qsort(list, n, sizeof *list, by_seq_desc);
   *out = list;
@@ -88,8 +87,8 @@ static int run_node(rm_ctx *ctx, rm_node *n) {
   if (!any) return RM_OK;
   if (!def->backward)
     return rm_fail(ctx, RM_ERR_STATE, "backward: %s has no backward rule", def->name);
-  rm_tensor *gin[64] = { 0 };
-  if (n->nin > 64) return rm_fail(ctx, RM_ERR_ARG, "backward: %s has too many inputs", def->name);
+  rm_tensor *gin[RM_MAX_INPUTS];
+  memset(gin, 0, sizeof gin[0] * (size_t)n->nin);
   if (rm_node_check_saved(ctx, n)) return rm_fail_prefix(ctx, "backward");
   /* rematerialise what the backward reads before it allocates anything: a replay then
    * peaks on top of what the layer keeps, not on top of half-made gradients */
@@ -136,8 +135,8 @@ static int leaves_done(rm_ctx *ctx, rm_node *n) {
   for (int i = 0; i < n->nin && i < 32; i++) {
     if (!is_leaf_edge(n, i)) continue;
     rm_tensor *x = n->in[i];
-    if (--x->pending == 0 && ctx->grad_ready && x->grad && rc == RM_OK)
-      rc = ctx->grad_ready(ctx, x, ctx->grad_ready_ud);
+    if (--x->pending == 0 && x->grad && rc == RM_OK && rm_hooked(ctx, RM_HOOK_GRAD_READY))
+      rc = rm_hook_fire(ctx, RM_HOOK_GRAD_READY, &(rm_event){ .tensor = x });
   }
   return rc;
 }
@@ -152,10 +151,8 @@ int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad) {
   }
   if (grad && !rm_same_shape(grad, root))
     return rm_fail(ctx, RM_ERR_SHAPE, "backward: gradient shape does not match the tensor");
-  bool saved_grad = ctx->grad_enabled;
-  rm_category saved_cat = ctx->category;
-  ctx->grad_enabled = false;
-  ctx->category = RM_CAT_ACTIVATION;
+  rm_scope sc;
+  rm_scope_enter(ctx, &sc, RM_CAT_ACTIVATION, RM_GRAD_OFF);
   int rc = RM_OK;
   rm_tensor *seed = grad;
   if (seed) rm_tensor_hold(seed);
@@ -178,8 +175,10 @@ int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad) {
     count_leaf_edges(list, count, 1);
     rc = rm_accumulate(ctx, &root->grad_fn->gout[root->out_index], seed, ctx->category);
     for (size_t k = 0; k < count && rc == RM_OK; k++) {
-      if (ctx->measure) rm_measure_before_node(ctx, ctx->measure, list[k]);
-      rc = run_node(ctx, list[k]);
+      rm_event ev = { .node = list[k] };
+      if (rm_hooked(ctx, RM_HOOK_NODE_BEFORE)) rc = rm_hook_fire(ctx, RM_HOOK_NODE_BEFORE, &ev);
+      if (rc == RM_OK) rc = run_node(ctx, list[k]);
+      if (rc == RM_OK && rm_hooked(ctx, RM_HOOK_NODE_AFTER)) rc = rm_hook_fire(ctx, RM_HOOK_NODE_AFTER, &ev);
       if (rc == RM_OK) rc = leaves_done(ctx, list[k]);
       else count_leaf_edges(list + k, 1, -1);
       rm_node_release_saved(ctx, list[k]);
@@ -194,7 +193,10 @@ int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad) {
   rm_tensor_drop(ctx, seed);
   rm_host_free(ctx, list, cap * sizeof *list);
 out:
-  ctx->grad_enabled = saved_grad;
-  ctx->category = saved_cat;
+  rm_scope_leave(ctx, &sc);
+  if (rm_hooked(ctx, RM_HOOK_BACKWARD_DONE)) {
+    int hrc = rm_hook_fire(ctx, RM_HOOK_BACKWARD_DONE, &(rm_event){ .tensor = root, .rc = rc });
+    if (rc == RM_OK) rc = hrc;
+  }
   return rc;
 }

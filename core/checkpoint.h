@@ -9,23 +9,20 @@
 
 #include "plan.h"
 
-/* Engine state for one Sequential forward (a stack: nested Sequentials push). */
+/* Engine state for one Sequential forward (nested Sequentials run their own engine,
+ * each subscribed to the tape's RM_HOOK_RECORD). */
 typedef struct rm_ckpt {
-  struct rm_ckpt *parent;
-  const rm_plan *plan;         /* NULL: keep everything (measurement only) */
+  const rm_plan *plan;
   uint64_t layer_seq;          /* nodes recorded in the current layer have seq > layer_seq */
   bool defer_evict;            /* evict the current layer's input once it has been used */
   rm_node **nodes;             /* nodes recorded during the current layer */
   size_t n, cap;
-  bool overflow;               /* ran out of host memory for the list: evict nothing */
   rm_tensor *pin;              /* boundary input waiting for the layer's first node */
-  struct rm_measure *measure;  /* dry-run measurement (plan.c), or NULL */
 } rm_ckpt;
 
-/* Called by the tape for every recorded node while ctx->ckpt is set. */
-void rm_ckpt_on_record(rm_ctx *ctx, rm_node *n);
-
-/* Engine steps used by rm_sequential_forward. */
+/* Engine steps used by rm_sequential_forward: begin (subscribes to the tape), per layer
+ * layer_begin/layer_end, finish (always, also after a failure). */
+int rm_ckpt_begin(rm_ctx *ctx, rm_ckpt *st, const rm_plan *plan);
 void rm_ckpt_layer_begin(rm_ctx *ctx, rm_ckpt *st, int layer, rm_tensor *x);
 /* Evicts what layer `layer` does not keep; x is its input, y its output. */
 void rm_ckpt_layer_end(rm_ctx *ctx, rm_ckpt *st, int layer, rm_tensor *x, rm_tensor *y);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "backend.h"
 #include "ctx.h"
 
@@ -33,8 +34,6 @@ rm_ctx *rm_ctx_new(const rm_host_alloc *alloc, rm_log_fn log, void *log_ud) {
   ctx->category = RM_CAT_ACTIVATION;
   ctx->grad_enabled = true;
   ctx->rng_seed = 0x5eed;
-  ctx->layer = -1;
-  ctx->alloc_tag = -1;
   return ctx;
 }
 
@@ -78,6 +77,53 @@ void rm_clear_error(rm_ctx *ctx) {
   if (!ctx) return;
   ctx->err[0] = 0;
   ctx->err_code = RM_OK;
+}
+
+void rm_scope_enter(rm_ctx *ctx, rm_scope *s, int category, int grad) {
+  s->category = ctx->category;
+  s->grad_enabled = ctx->grad_enabled;
+  s->dry = false;
+  if (category != RM_SAME) ctx->category = (rm_category)category;
+  if (grad != RM_SAME) ctx->grad_enabled = grad != RM_GRAD_OFF;
+}
+
+int rm_scope_enter_dry(rm_ctx *ctx, rm_scope *s) {
+  if (ctx->dry) return rm_fail(ctx, RM_ERR_STATE, "a dry run is already in progress");
+  rm_scope_enter(ctx, s, RM_CAT_ACTIVATION, RM_GRAD_ON);
+  s->dry = true;
+  memcpy(s->mem, ctx->mem, sizeof s->mem);
+  s->rng_seed = ctx->rng_seed;
+  s->rng_offset = ctx->rng_offset;
+  s->recompute_flops = ctx->recompute_flops;
+  for (int d = 0; d < RM_DEVICE_COUNT; d++) {
+    ctx->mem[d].limit = 0;
+    ctx->mem[d].fail_at = 0;
+  }
+  ctx->dry = true;
+  ctx->dry_epoch++;
+  ctx->recompute_flops = 0;
+  return RM_OK;
+}
+
+void rm_scope_leave(rm_ctx *ctx, rm_scope *s) {
+  ctx->category = s->category;
+  ctx->grad_enabled = s->grad_enabled;
+  if (!s->dry) return;
+  rm_memory_end_dry(ctx);
+  ctx->dry = false;
+  for (int d = 0; d < RM_DEVICE_COUNT; d++) {
+    rm_memstats *cur = &ctx->mem[d], *was = &s->mem[d];
+    /* the dry run's own bytes stopped counting; a peak it made does not stay */
+    for (int c = 0; c < RM_CAT_COUNT; c++)
+      cur->peak[c] = was->peak[c] > cur->live[c] ? was->peak[c] : cur->live[c];
+    cur->peak_total = was->peak_total > cur->live_total ? was->peak_total : cur->live_total;
+    cur->limit = was->limit;
+    cur->fail_at = was->fail_at;
+    cur->n_allocs = was->n_allocs;
+  }
+  ctx->rng_seed = s->rng_seed;
+  ctx->rng_offset = s->rng_offset;
+  ctx->recompute_flops = s->recompute_flops;
 }
 
 void *rm_host_malloc(rm_ctx *ctx, size_t n) { return ctx->host.alloc(ctx->host.ud, n ? n : 1); }

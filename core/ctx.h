@@ -4,6 +4,7 @@
 #ifndef REMAT_CTX_H
 #define REMAT_CTX_H
 
+#include "hook.h"
 #include "types.h"
 #include "remat.h"
 
@@ -17,7 +18,6 @@ typedef struct rm_memstats {
   size_t limit;                   /* 0: none */
   uint64_t n_allocs;
   uint64_t fail_at;               /* debug: fail the k-th allocation from now (0: off) */
-  size_t window;                  /* activation high-water mark since a measure window opened */
 } rm_memstats;
 
 struct rm_ctx {
@@ -28,38 +28,60 @@ struct rm_ctx {
   int err_code;                   /* rm_status of the last failure */
 
   rm_memstats mem[RM_DEVICE_COUNT];
-  rm_category category;           /* category of the next op output allocation */
+  rm_category category;           /* category of the next op output allocation (scoped) */
   /* Called once before an allocation fails for lack of memory; returns true when it
    * freed something worth retrying (the Lua binding runs a full collection). */
   bool (*reclaim)(void *ud);
   void *reclaim_ud;
 
   uint64_t rng_seed, rng_offset;  /* counter-based generator state */
-  bool grad_enabled;
-  bool dry;                       /* dry run: op outputs are phantom, kernels are skipped */
-  bool phantom_ok;                /* set while an op allocates its outputs (dry: phantom) */
+  bool grad_enabled;              /* record ops on the tape (scoped) */
+  bool dry;                       /* dry run: op outputs are phantom, kernels are skipped (scoped) */
   uint32_t dry_epoch;             /* which dry run (storages made in one carry it) */
   size_t dry_live[RM_DEVICE_COUNT][RM_CAT_COUNT]; /* live bytes made by this dry run */
   uint64_t node_seq;
   int64_t live_nodes, live_tensors;
 
-  int layer;                      /* layer index being recorded (-1: none) */
-  struct rm_ckpt *ckpt;           /* checkpoint engine state during a Sequential forward */
-  struct rm_measure *measure;     /* per-layer measurement during a dry run, or NULL */
-  int alloc_tag;                  /* measured layer new activations belong to (-1: none) */
   double recompute_flops;         /* FLOPs replayed to rematerialise evicted tensors */
   int replay_depth;               /* nesting of rm_node_recompute */
   int replay_n;                   /* replayed inputs whose eviction waits for the outermost replay */
   rm_tensor *replay_defer[32];
-  /* Called during backward as soon as a leaf's gradient is final (data parallelism
-   * starts reducing it while backward goes on). A nonzero return aborts backward. */
-  int (*grad_ready)(rm_ctx *ctx, rm_tensor *leaf, void *ud);
-  void *grad_ready_ud;
+  rm_hooks hooks;                 /* extension points (hook.h) */
 
   const struct rm_backend *backend[RM_DEVICE_COUNT];
   void *backend_state[RM_DEVICE_COUNT];
   void *cuda_lib;                 /* dlopen handle of the CUDA backend */
 };
+
+static inline bool rm_hooked(const rm_ctx *ctx, rm_hook_kind kind) { return ctx->hooks.n[kind] > 0; }
+
+/* ---- scoped state ----
+ * The only way to change the category, the grad mode or the dry-run state for a while:
+ *   rm_scope s;
+ *   rm_scope_enter(ctx, &s, RM_CAT_PARAM, RM_GRAD_OFF);
+ *   ... (every path out goes through) ...
+ *   rm_scope_leave(ctx, &s);
+ * Scopes nest; leave them in reverse order. */
+enum { RM_SAME = -1 };                  /* keep the current category / grad mode */
+enum { RM_GRAD_OFF = 0, RM_GRAD_ON = 1 };
+
+typedef struct rm_scope {
+  rm_category category;
+  bool grad_enabled;
+  bool dry;                             /* this scope opened a dry run; below: restored by leave */
+  rm_memstats mem[RM_DEVICE_COUNT];
+  uint64_t rng_seed, rng_offset;
+  double recompute_flops;
+} rm_scope;
+
+/* Sets the category (or RM_SAME) and grad mode (RM_GRAD_OFF/ON or RM_SAME). */
+void rm_scope_enter(rm_ctx *ctx, rm_scope *s, int category, int grad);
+/* Opens a dry run: op outputs are phantom (accounted, no memory), kernels are
+ * skipped, the memory limit is lifted, grad is on and outputs are activations. On
+ * leave, what it made stops counting, and peaks, limits, the generator and the
+ * recompute counter are as they were. RM_ERR_STATE inside another dry run. */
+int rm_scope_enter_dry(rm_ctx *ctx, rm_scope *s);
+void rm_scope_leave(rm_ctx *ctx, rm_scope *s);
 
 /* Sets the context error (printf-style) and returns code, so callers can write
  * `return rm_fail(ctx, RM_ERR_SHAPE, "...", ...)`. */

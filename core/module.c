@@ -316,10 +316,8 @@ static int to_rec(rm_ctx *ctx, rm_module *m, rm_device dev, rm_dtype dt, move_ma
 }
 
 int rm_module_to(rm_ctx *ctx, rm_module *m, rm_device dev, rm_dtype dt) {
-  rm_category cat = ctx->category;
-  bool grad = ctx->grad_enabled;
-  ctx->category = RM_CAT_PARAM;
-  ctx->grad_enabled = false;
+  rm_scope sc;
+  rm_scope_enter(ctx, &sc, RM_CAT_PARAM, RM_GRAD_OFF);
   move_map map = { 0 };
   int rc = to_rec(ctx, m, dev, dt, &map);
   for (int k = 0; k < map.n; k++) {
@@ -328,8 +326,7 @@ int rm_module_to(rm_ctx *ctx, rm_module *m, rm_device dev, rm_dtype dt) {
   }
   rm_host_free(ctx, map.from, sizeof(rm_tensor *) * (size_t)map.cap);
   rm_host_free(ctx, map.to, sizeof(rm_tensor *) * (size_t)map.cap);
-  ctx->category = cat;
-  ctx->grad_enabled = grad;
+  rm_scope_leave(ctx, &sc);
   return rc;
 }
 
@@ -343,27 +340,17 @@ char *rm_module_describe(const rm_module *m, char *buf, size_t n) {
 /* ---- parameters of built-in types ---- */
 
 /* Runs make() with outputs in category param and grad off, then marks a leaf. */
-typedef struct param_mode {
-  rm_category cat;
-  bool grad;
-} param_mode;
+static void param_begin(rm_ctx *ctx, rm_scope *pm) { rm_scope_enter(ctx, pm, RM_CAT_PARAM, RM_GRAD_OFF); }
 
-static param_mode param_begin(rm_ctx *ctx) {
-  param_mode pm = { ctx->category, ctx->grad_enabled };
-  ctx->category = RM_CAT_PARAM;
-  ctx->grad_enabled = false;
-  return pm;
-}
-
-static rm_tensor *param_end(rm_ctx *ctx, param_mode pm, rm_tensor *t) {
-  ctx->category = pm.cat;
-  ctx->grad_enabled = pm.grad;
+static rm_tensor *param_end(rm_ctx *ctx, rm_scope *pm, rm_tensor *t) {
+  rm_scope_leave(ctx, pm);
   if (t) t->requires_grad = true;
   return t;
 }
 
 rm_tensor *rm_param_uniform(rm_ctx *ctx, int ndim, const int64_t *shape, double bound) {
-  param_mode pm = param_begin(ctx);
+  rm_scope pm;
+  param_begin(ctx, &pm);
   rm_tensor *t = rm_rand(ctx, RM_F32, RM_CPU, ndim, shape);
   if (t) {
     /* u in [0, 1) -> 2 b u - b, in place */
@@ -375,17 +362,19 @@ rm_tensor *rm_param_uniform(rm_ctx *ctx, int ndim, const int64_t *shape, double 
     if (!rc) rc = rm_op_into(ctx, RM_OP_ADD_SCALAR, 1, &t, &a, 1, &t);
     if (rc) rm_tensor_drop(ctx, t), t = NULL;
   }
-  return param_end(ctx, pm, t);
+  return param_end(ctx, &pm, t);
 }
 
 rm_tensor *rm_param_normal(rm_ctx *ctx, int ndim, const int64_t *shape) {
-  param_mode pm = param_begin(ctx);
-  return param_end(ctx, pm, rm_randn(ctx, RM_F32, RM_CPU, ndim, shape));
+  rm_scope pm;
+  param_begin(ctx, &pm);
+  return param_end(ctx, &pm, rm_randn(ctx, RM_F32, RM_CPU, ndim, shape));
 }
 
 rm_tensor *rm_param_full(rm_ctx *ctx, int ndim, const int64_t *shape, double value) {
-  param_mode pm = param_begin(ctx);
-  return param_end(ctx, pm, rm_full(ctx, RM_F32, RM_CPU, ndim, shape, value));
+  rm_scope pm;
+  param_begin(ctx, &pm);
+  return param_end(ctx, &pm, rm_full(ctx, RM_F32, RM_CPU, ndim, shape, value));
 }
 
 int rm_module_check_features(rm_ctx *ctx, const rm_module *m, const rm_tensor *x, int min_dim,

@@ -3,8 +3,6 @@
 #include <string.h>
 
 #include "backend.h"
-#include "checkpoint.h"
-#include "measure.h"
 #include "op.h"
 
 /* Strong references: every op in ops.def must be defined, and a static link pulls in
@@ -131,7 +129,7 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
                    const rm_attrs *a, rm_tensor **outs) {
   const rm_op_def *def = op_table[op];
   int nout = def->nout;
-  rm_meta meta[8];
+  rm_meta meta[RM_MAX_OUTPUTS];
   int rc = def->infer ? def->infer(ctx, nin, in, a, meta) : default_infer(ctx, def, nin, in, meta);
   if (rc) return rc;
   for (int j = 0; j < nout; j++) outs[j] = NULL;
@@ -165,11 +163,11 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
     if (def->flags & RM_OPF_BROADCAST) {
       t = broadcast_view(ctx, t, meta[0].ndim, meta[0].shape);
     } else if (!(def->flags & RM_OPF_STRIDED) && !rm_tensor_is_contiguous(t)) {
-      rm_category saved = ctx->category;
-      ctx->category = RM_CAT_WORKSPACE;
+      rm_scope sc;
+      rm_scope_enter(ctx, &sc, RM_CAT_WORKSPACE, RM_SAME);
       rm_tensor *src = t;
       rc = op_exec(ctx, RM_OP_COPY, 1, &src, a, &t);
-      ctx->category = saved;
+      rm_scope_leave(ctx, &sc);
       if (rc) t = NULL;
     } else {
       rm_tensor_hold(t);
@@ -180,12 +178,10 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
     }
     args[i] = t;
   }
-  ctx->phantom_ok = true; /* in a dry run, op outputs have no data */
   for (int j = 0; j < nout && rc == RM_OK; j++) {
-    outs[j] = rm_tensor_new_meta(ctx, &meta[j], ctx->category);
+    outs[j] = rm_tensor_new_output(ctx, &meta[j], ctx->category); /* dry run: phantom */
     if (!outs[j]) rc = ctx->err_code;
   }
-  ctx->phantom_ok = false;
   if (rc == RM_OK && !ctx->dry) {
     rm_clear_error(ctx);
     rc = k(ctx, nargs, args, nout, outs, a);
@@ -224,8 +220,6 @@ static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   n->out = arr + nin;
   n->gout = arr + nin + def->nout;
   n->ver = (uint32_t *)(arr + 2 * nin + 2 * def->nout + 1);
-  n->layer = ctx->layer;
-  n->tag = ctx->alloc_tag;
   ctx->live_nodes++;
   for (int i = 0; i < nin; i++) {
     rm_tensor_retain(in[i]);
@@ -242,7 +236,6 @@ static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
     n->out[j] = t;
     n->ver[nin + j] = t->storage ? t->storage->version : 0;
     t->out_index = j;
-    t->layer = ctx->layer;
     bool diff = j < def->nvis && !((def->nodiff_out >> j) & 1u);
     if (diff) {
       t->grad_fn = n;
@@ -283,10 +276,16 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_
     local.seed = ctx->rng_seed;
     local.offset = ctx->rng_offset;
   }
-  rm_tensor *outs[8];
+  rm_tensor *outs[RM_MAX_OUTPUTS];
   int rc = op_exec(ctx, op, nin, in, a, outs);
   if (rc) return rc;
-  if (ctx->measure) rm_measure_on_op(ctx, op, nin, in, a, outs);
+  if (rm_hooked(ctx, RM_HOOK_OP)) {
+    rc = rm_hook_fire(ctx, RM_HOOK_OP, &(rm_event){ .op = op, .nin = nin, .in = in, .attrs = a, .out = outs });
+    if (rc) {
+      for (int j = 0; j < def->nout; j++) rm_tensor_drop(ctx, outs[j]);
+      return rc;
+    }
+  }
   if (def->flags & RM_OPF_RANDOM && a == &local) {
     int64_t numel = rm_tensor_numel(outs[0]);
     ctx->rng_offset += (uint64_t)((2 * numel + 3) / 4) * 4;
@@ -297,7 +296,10 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_
       for (int j = 0; j < def->nout; j++) rm_tensor_drop(ctx, outs[j]);
       return ctx->err_code;
     }
-    if (ctx->ckpt) rm_ckpt_on_record(ctx, n);
+    if (rm_hooked(ctx, RM_HOOK_RECORD) && (rc = rm_hook_fire(ctx, RM_HOOK_RECORD, &(rm_event){ .node = n }))) {
+      for (int j = 0; j < def->nout; j++) rm_tensor_drop(ctx, outs[j]); /* frees the node */
+      return rc;
+    }
   }
   for (int j = 0; j < def->nout; j++) {
     if (j < def->nvis) out[j] = outs[j];
@@ -307,7 +309,7 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_
 }
 
 rm_tensor *rm_op1(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
-  rm_tensor *out[8] = { 0 };
+  rm_tensor *out[RM_MAX_OUTPUTS] = { 0 };
   if (rm_op_run(ctx, op, nin, in, a, out) != RM_OK) return NULL;
   const rm_op_def *def = op_table[op];
   for (int j = 1; j < def->nvis; j++) rm_tensor_drop(ctx, out[j]);
@@ -516,25 +518,18 @@ static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
     fresh[i] = n->in[i]->storage == NULL;
     if ((rc = rm_tensor_data_ready(ctx, n->in[i]))) return rc;
   }
-  rm_tensor *outs[8];
-  rm_category saved_cat = ctx->category;
-  bool saved_grad = ctx->grad_enabled;
-  ctx->category = RM_CAT_ACTIVATION;
-  ctx->grad_enabled = false;
+  rm_tensor *outs[RM_MAX_OUTPUTS];
+  rm_scope sc;
+  rm_scope_enter(ctx, &sc, RM_CAT_ACTIVATION, RM_GRAD_OFF);
   rc = op_exec(ctx, n->op, n->nin, n->in, &n->attrs, outs);
-  ctx->category = saved_cat;
-  ctx->grad_enabled = saved_grad;
+  rm_scope_leave(ctx, &sc);
   if (rc) return rc;
-  {
-    rm_meta meta[8];
-    for (int j = 0; j < def->nout && j < 8; j++) rm_tensor_meta(outs[j], &meta[j]);
-    double f = rm_op_flops(n->op, n->nin, n->in, &n->attrs, meta);
-    ctx->recompute_flops += f;
-    if (ctx->measure && n->tag >= 0 && n->tag < ctx->measure->n) {
-      ctx->measure->layers[n->tag].recompute_flops += f;
-      ctx->measure->layers[n->tag].recompute_cost += rm_op_cost(ctx, n->op, n->nin, n->in, &n->attrs, meta);
-    }
-  }
+  rm_meta meta[RM_MAX_OUTPUTS];
+  for (int j = 0; j < def->nout; j++) rm_tensor_meta(outs[j], &meta[j]);
+  ctx->recompute_flops += rm_op_flops(n->op, n->nin, n->in, &n->attrs, meta);
+  if (rm_hooked(ctx, RM_HOOK_OP))
+    rc = rm_hook_fire(ctx, RM_HOOK_OP, &(rm_event){ .op = n->op, .nin = n->nin, .in = n->in,
+                                                   .attrs = &n->attrs, .out = outs, .node = n });
   for (int j = 0; j < def->nout; j++) {
     rm_tensor *t = n->out[j];
     /* an output nothing uses any more (its readers' backward is done) stays released */
@@ -542,8 +537,8 @@ static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
       if (!rm_same_shape(t, outs[j]) || t->dtype != outs[j]->dtype) {
         char s1[64], s2[64];
         rc = rm_fail(ctx, RM_ERR_STATE,
-                     "replay of layer %d rebuilt %s as %s %s, but the first forward made %s %s",
-                     n->layer + 1, def->name, rm_dtype_name(outs[j]->dtype),
+                     "replay of %s rebuilt its output as %s %s, but the first forward made %s %s",
+                     def->name, rm_dtype_name(outs[j]->dtype),
                      rm_tensor_shape_str(outs[j], s1, sizeof s1), rm_dtype_name(t->dtype),
                      rm_tensor_shape_str(t, s2, sizeof s2));
       } else {

@@ -12,6 +12,7 @@
 #include "tensor.h"
 
 #define RM_MAX_INPUTS 256   /* inputs of one op call (variadic concat) */
+#define RM_MAX_OUTPUTS 8    /* outputs of one op, visible and extras (rm_op_def.nout) */
 
 typedef enum {
 #define X(ID, name, family) RM_OP_##ID,
@@ -74,10 +75,9 @@ struct rm_node {
   unsigned needs_grad;      /* bit i: input i requires grad */
   unsigned saved_in, saved_out; /* which data this node holds a use of */
   uint32_t *ver;            /* storage versions of in[0..nin-1], out[0..nout-1] when recorded */
-  int layer;                /* layer that recorded it (-1: none) */
   rm_tensor *pinned;        /* a boundary input held (pinned) until this node's backward */
-  int tag;                  /* measured layer (dry runs), -1 otherwise */
   bool done;                /* backward already ran (second backward is an error) */
+  bool visited;             /* backward's graph walk: reached (cleared after the walk) */
 };
 
 const rm_op_def *rm_op_def_get(rm_op_id op);

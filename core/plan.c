@@ -90,58 +90,37 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   memset(sim, 0, sizeof *sim);
   if (seq->type != &rm_type_sequential)
     return rm_fail(ctx, RM_ERR_ARG, "plan: expected a Sequential, got a %s", seq->type->name);
-  if (ctx->dry) return rm_fail(ctx, RM_ERR_STATE, "plan: a dry run is already in progress");
   int n = seq->nchildren;
+  size_t nl = (size_t)(n ? n : 1);
   rm_device dev = x->device;
-  rm_measure m = { .n = n, .device = dev, .bwd_layer = -1 };
-  m.layers = rm_host_calloc(ctx, (size_t)(n ? n : 1), sizeof *m.layers);
-  m.tag_live = rm_host_calloc(ctx, (size_t)(n ? n : 1), sizeof *m.tag_live);
-  m.outs = rm_host_calloc(ctx, (size_t)(n ? n : 1), sizeof *m.outs);
-  stash st = { .ctx = ctx };
-  if (!m.layers || !m.tag_live || !m.outs) {
-    rm_host_free(ctx, m.layers, sizeof *m.layers * (size_t)(n ? n : 1));
-    rm_host_free(ctx, m.tag_live, sizeof *m.tag_live * (size_t)(n ? n : 1));
-    rm_host_free(ctx, m.outs, sizeof *m.outs * (size_t)(n ? n : 1));
-    return rm_fail(ctx, RM_ERR_OOM, "plan: out of host memory");
-  }
-  for (int i = 0; i < n; i++) rm_module_visit_params(ctx, seq->children[i], param_bytes, &m.layers[i].param_bytes);
+  rm_layer_stats *layers = rm_host_calloc(ctx, nl, sizeof *layers);
+  if (!layers) return rm_fail(ctx, RM_ERR_OOM, "plan: out of host memory");
+  for (int i = 0; i < n; i++) rm_module_visit_params(ctx, seq->children[i], param_bytes, &layers[i].param_bytes);
 
-  /* everything a dry run may disturb; its own bytes stop counting when it ends */
-  rm_memstats saved_mem[RM_DEVICE_COUNT];
-  memcpy(saved_mem, ctx->mem, sizeof saved_mem);
-  ctx->dry_epoch++;
-  uint64_t seed = ctx->rng_seed, offset = ctx->rng_offset;
-  bool grad = ctx->grad_enabled;
-  rm_category cat = ctx->category;
-  double rflops = ctx->recompute_flops;
+  rm_scope sc;
+  int rc = rm_scope_enter_dry(ctx, &sc);
+  if (rc) {
+    rm_host_free(ctx, layers, nl * sizeof *layers);
+    return rm_fail_prefix(ctx, "plan");
+  }
+  /* what else a dry run may disturb: the plan and gradients (phantoms while it runs) */
+  stash st = { .ctx = ctx };
   rm_plan *installed = seq->plan;
   rm_tensor *xgrad = x->grad;
   x->grad = NULL;
   rm_module_visit_params(ctx, seq, stash_grad, &st);
-
-  for (int d = 0; d < RM_DEVICE_COUNT; d++) {
-    ctx->mem[d].limit = 0;
-    ctx->mem[d].fail_at = 0;
-  }
-  ctx->dry = true;
-  ctx->grad_enabled = true;
-  ctx->category = RM_CAT_ACTIVATION;
-  ctx->recompute_flops = 0;
-  ctx->measure = &m;
   if (p) seq->plan = (rm_plan *)p;
   rm_memstats *ms = &ctx->mem[dev];
   sim->base = ms->live[RM_CAT_ACTIVATION];
   ms->peak[RM_CAT_ACTIVATION] = ms->live[RM_CAT_ACTIVATION];
 
-  int rc = RM_OK;
-  if (st.oom) rc = rm_fail(ctx, RM_ERR_OOM, "plan: out of host memory");
+  rm_measure m;
+  rc = st.oom ? rm_fail(ctx, RM_ERR_OOM, "plan: out of host memory") : rm_measure_begin(ctx, &m, seq, dev, layers);
+  bool measuring = rc == RM_OK;
   rm_tensor *y = NULL, *l = NULL;
   if (rc == RM_OK) rc = rm_sequential_forward(ctx, seq, x, &y);
-  rm_measure_outputs_done(ctx, &m);
-  if (rc == RM_OK) {
-    for (int i = 0; i < n; i++) m.layers[i].saved = m.tag_live[i];
-    if (loss) rc = loss(ctx, y, &l, loss_ud);
-  }
+  if (measuring) rm_measure_outputs_done(ctx, &m);
+  if (rc == RM_OK && loss) rc = loss(ctx, y, &l, loss_ud);
   if (rc == RM_OK) {
     if (!l) {
       rm_tensor *g = rm_full_like(ctx, y, 1.0);
@@ -155,45 +134,28 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   rm_tensor_drop(ctx, l);
   rm_tensor_drop(ctx, y);
   sim->peak = ms->peak[RM_CAT_ACTIVATION];
-  sim->loss_peak = m.loss_peak;
-  sim->held = m.held;
   sim->recompute_flops = ctx->recompute_flops;
+  if (measuring) {
+    sim->loss_peak = m.loss_peak;
+    sim->held = m.held;
+    rm_measure_end(ctx, &m);
+  }
   for (int i = 0; i < n; i++) {
-    sim->flops += m.layers[i].flops;
-    sim->recompute_cost += m.layers[i].recompute_cost;
+    sim->flops += layers[i].flops;
+    sim->recompute_cost += layers[i].recompute_cost;
   }
 
-  ctx->measure = NULL;
-  ctx->alloc_tag = -1;
   seq->plan = installed;
   if (x->grad) rm_tensor_drop(ctx, x->grad);
   x->grad = xgrad;
   restore r = { &st, 0, ctx };
   rm_module_visit_params(ctx, seq, restore_grad, &r);
   rm_host_free(ctx, st.grads, st.cap * sizeof *st.grads);
-  rm_memory_end_dry(ctx);
-  ctx->dry = false;
-  for (int d = 0; d < RM_DEVICE_COUNT; d++) {
-    rm_memstats *cur = &ctx->mem[d], *was = &saved_mem[d];
-    for (int c = 0; c < RM_CAT_COUNT; c++)
-      cur->peak[c] = was->peak[c] > cur->live[c] ? was->peak[c] : cur->live[c];
-    cur->peak_total = was->peak_total > cur->live_total ? was->peak_total : cur->live_total;
-    cur->limit = was->limit;
-    cur->fail_at = was->fail_at;
-    cur->n_allocs = was->n_allocs;
-    cur->window = was->window;
-  }
-  ctx->rng_seed = seed;
-  ctx->rng_offset = offset;
-  ctx->grad_enabled = grad;
-  ctx->category = cat;
-  ctx->recompute_flops = rflops;
-  rm_host_free(ctx, m.tag_live, sizeof *m.tag_live * (size_t)(n ? n : 1));
-  rm_host_free(ctx, m.outs, sizeof *m.outs * (size_t)(n ? n : 1));
+  rm_scope_leave(ctx, &sc);
   if (rc != RM_OK || !want_layers) {
-    rm_host_free(ctx, m.layers, sizeof *m.layers * (size_t)(n ? n : 1));
+    rm_host_free(ctx, layers, nl * sizeof *layers);
   } else {
-    sim->layers = m.layers;
+    sim->layers = layers;
     sim->n = n;
   }
   return rc;

@@ -117,10 +117,10 @@ static int write_tensor(rm_ctx *ctx, FILE *f, rm_tensor *t, char *chunk, const c
   if (t->device != RM_CPU) {
     const rm_backend *be = rm_backend_get(ctx, t->device);
     if (!be) return rm_fail_prefix(ctx, path);
-    bool grad = ctx->grad_enabled;
-    ctx->grad_enabled = false;
+    rm_scope sc;
+    rm_scope_enter(ctx, &sc, RM_SAME, RM_GRAD_OFF);
     rm_tensor *c = rm_contiguous(ctx, t);
-    ctx->grad_enabled = grad;
+    rm_scope_leave(ctx, &sc);
     if (!c) return rm_fail_prefix(ctx, path);
     size_t total = rm_tensor_nbytes(c), at = 0;
     int rc = RM_OK;

@@ -21,13 +21,12 @@ static rm_tensor *tensor_alloc(rm_ctx *ctx) {
   }
   t->refcount = 1;
   t->users = 1;
-  t->layer = -1;
   ctx->live_tensors++;
   return t;
 }
 
-rm_tensor *rm_tensor_new(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim,
-                         const int64_t *shape, rm_category cat) {
+static rm_tensor *tensor_new(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim,
+                             const int64_t *shape, rm_category cat, bool output) {
   if (ndim < 0 || ndim > RM_MAX_DIM) {
     rm_fail(ctx, RM_ERR_ARG, "a tensor has at most %d dimensions (got %d)", RM_MAX_DIM, ndim);
     return NULL;
@@ -51,7 +50,8 @@ rm_tensor *rm_tensor_new(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim,
   t->ndim = ndim;
   memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
   rm_contiguous_strides(ndim, shape, t->stride);
-  t->storage = rm_storage_new(ctx, dev, cat, (size_t)n * rm_dtype_size(dt));
+  size_t bytes = (size_t)n * rm_dtype_size(dt);
+  t->storage = output ? rm_storage_new_dry(ctx, dev, cat, bytes) : rm_storage_new(ctx, dev, cat, bytes);
   if (!t->storage) {
     rm_host_free(ctx, t, sizeof *t);
     ctx->live_tensors--;
@@ -60,8 +60,13 @@ rm_tensor *rm_tensor_new(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim,
   return t;
 }
 
-rm_tensor *rm_tensor_new_meta(rm_ctx *ctx, const rm_meta *m, rm_category cat) {
-  return rm_tensor_new(ctx, m->dtype, m->device, m->ndim, m->shape, cat);
+rm_tensor *rm_tensor_new(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim,
+                         const int64_t *shape, rm_category cat) {
+  return tensor_new(ctx, dt, dev, ndim, shape, cat, false);
+}
+
+rm_tensor *rm_tensor_new_output(rm_ctx *ctx, const rm_meta *m, rm_category cat) {
+  return tensor_new(ctx, m->dtype, m->device, m->ndim, m->shape, cat, true);
 }
 
 rm_tensor *rm_tensor_view_of(rm_ctx *ctx, rm_tensor *src, int ndim, const int64_t *shape,

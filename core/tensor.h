@@ -28,14 +28,14 @@ struct rm_tensor {
   rm_node *grad_fn;       /* strong: node that produced this differentiable output */
   rm_node *producer;      /* weak: node that produced this non-differentiable output */
   int out_index;          /* which output of grad_fn/producer */
-  int layer;              /* layer whose forward produced it (-1: none) */
   int pending;            /* leaves, during a backward: edges yet to deliver a gradient */
 };
 
 /* New contiguous tensor, data uninitialised. refcount 1, users 1. */
 rm_tensor *rm_tensor_new(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim,
                          const int64_t *shape, rm_category cat);
-rm_tensor *rm_tensor_new_meta(rm_ctx *ctx, const rm_meta *m, rm_category cat);
+/* An op output of shape m: in a dry run a phantom (rm_storage_new_dry). */
+rm_tensor *rm_tensor_new_output(rm_ctx *ctx, const rm_meta *m, rm_category cat);
 /* New tensor object viewing src's storage with the given geometry (refcount 1, users 1). */
 rm_tensor *rm_tensor_view_of(rm_ctx *ctx, rm_tensor *src, int ndim, const int64_t *shape,
                              const int64_t *stride, int64_t offset);

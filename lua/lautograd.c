@@ -53,11 +53,9 @@ static int l_detach(lua_State *L) {
   return 1;
 }
 
-/* C.grad_enabled([flag]) -> previous flag */
+/* C.grad_enabled() -> whether ops record on the tape */
 static int l_grad_enabled(lua_State *L) {
-  rm_ctx *ctx = rm_lua_ctx(L);
-  lua_pushboolean(L, ctx->grad_enabled);
-  if (!lua_isnone(L, 1)) ctx->grad_enabled = lua_toboolean(L, 1);
+  lua_pushboolean(L, rm_lua_ctx(L)->grad_enabled);
   return 1;
 }
 
@@ -257,17 +255,33 @@ static int l_runtime_info(lua_State *L) {
   return 1;
 }
 
-/* C.set_category(name) -> previous name: category of the next op outputs */
-static int l_set_category(lua_State *L) {
-  rm_ctx *ctx = rm_lua_ctx(L);
-  lua_pushstring(L, rm_category_name(ctx->category));
-  const char *name = luaL_checkstring(L, 1);
-  for (int c = 0; c < RM_CAT_COUNT; c++)
-    if (!strcmp(name, rm_category_name((rm_category)c))) {
-      ctx->category = (rm_category)c;
-      return 1;
-    }
-  return rm_lua_errorf(L, "unknown memory category '%s'", name);
+/* After fn of C.scoped returned, failed or yielded and came back: leaves the scope. */
+static int scoped_done(lua_State *L, int status, lua_KContext k) {
+  rm_scope *s = lua_touserdata(L, 1);
+  if (status != LUA_OK && status != LUA_YIELD) {
+    rm_scope_leave(rm_lua_ctx(L), s);
+    return lua_error(L);
+  }
+  rm_scope_leave(rm_lua_ctx(L), s);
+  return lua_gettop(L) - 2;
+}
+
+/* C.scoped(category or nil, grad or nil, fn, ...) -> fn(...)'s results, with the
+ * category of new op outputs and the grad mode set while fn runs (nil: unchanged),
+ * and restored however fn ends (its error is raised again). */
+static int l_scoped(lua_State *L) {
+  int cat = RM_SAME, grad = lua_isnil(L, 2) ? RM_SAME : lua_toboolean(L, 2) ? RM_GRAD_ON : RM_GRAD_OFF;
+  if (!lua_isnil(L, 1)) {
+    const char *name = luaL_checkstring(L, 1);
+    for (int c = 0; c < RM_CAT_COUNT && cat == RM_SAME; c++)
+      if (!strcmp(name, rm_category_name((rm_category)c))) cat = c;
+    if (cat == RM_SAME) return rm_lua_errorf(L, "unknown memory category '%s'", name);
+  }
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  rm_scope *s = lua_newuserdatauv(L, sizeof *s, 0);
+  lua_replace(L, 1);
+  rm_scope_enter(rm_lua_ctx(L), s, cat, grad);
+  return scoped_done(L, lua_pcallk(L, lua_gettop(L) - 3, LUA_MULTRET, 0, 0, scoped_done), 0);
 }
 
 /* The CUDA backend, or a Lua error saying why it is not available. */
@@ -382,7 +396,7 @@ static const luaL_Reg fns[] = {
   { "fail_at", l_fail_at },
   { "now", l_now },
   { "runtime_info", l_runtime_info },
-  { "set_category", l_set_category },
+  { "scoped", l_scoped },
   { NULL, NULL },
 };
 

@@ -1,6 +1,6 @@
 /* remat.dist's C side: loading the communication backend (libremat_mpi.so, see
  * dist/dist_api.h), collectives on tensors, and the gradient reducer that data
- * parallelism hooks into backward (ctx->grad_ready).
+ * parallelism hooks into backward (RM_HOOK_GRAD_READY).
  *
  * Without mpirun (or without libremat_mpi.so when not under mpirun) the world is one
  * process and every collective is the identity. Ranks are 0-based here and 1-based in
@@ -306,7 +306,7 @@ static int l_all_gather(lua_State *L) {
 
 /* Gradients are averaged in buckets: flat buffers of several parameters' gradients
  * (parameters taken last to first, the order backward finishes them). When the last
- * gradient of a bucket is final (ctx->grad_ready) it is copied in and the bucket's
+ * gradient of a bucket is final (RM_HOOK_GRAD_READY) it is copied in and the bucket's
  * allreduce is started, in bucket order (every rank must start collectives in the same
  * order); sync() fills what backward did not reach, waits for all of them, and writes
  * the averages back into the parameters' .grad. */
@@ -336,8 +336,6 @@ struct reducer {
   int *order;               /* slot indices sorted by parameter pointer (lookup) */
   unsigned char *flags;     /* per slot: this rank has a gradient (reduced with max) */
   bool armed, hooked, leaked;
-  int (*prev)(rm_ctx *, rm_tensor *, void *);
-  void *prev_ud;
   char err[RM_DIST_ERRLEN];
 };
 
@@ -403,11 +401,11 @@ static int launch_ready(reducer *r) {
   return RM_OK;
 }
 
-/* ctx->grad_ready: a parameter's gradient is final. */
-static int on_grad_ready(rm_ctx *ctx, rm_tensor *leaf, void *ud) {
+/* RM_HOOK_GRAD_READY: a parameter's gradient is final. */
+static int on_grad_ready(rm_ctx *ctx, const rm_event *ev, void *ud) {
   reducer *r = ud;
-  int i = find_slot(r, leaf);
-  if (i < 0) return r->prev ? r->prev(ctx, leaf, r->prev_ud) : RM_OK;
+  int i = find_slot(r, ev->tensor);
+  if (i < 0) return RM_OK;
   if (!r->armed) return RM_OK;
   slot *s = &r->slots[i];
   if (s->ready)
@@ -437,10 +435,7 @@ static reducer *check_reducer(lua_State *L, int idx) {
 }
 
 static void unhook(reducer *r) {
-  if (r->hooked && r->ctx->grad_ready == on_grad_ready && r->ctx->grad_ready_ud == r) {
-    r->ctx->grad_ready = r->prev;
-    r->ctx->grad_ready_ud = r->prev_ud;
-  }
+  if (r->hooked) rm_hook_remove(r->ctx, RM_HOOK_GRAD_READY, on_grad_ready, r);
   r->hooked = false;
   if (r->ds->active == r) r->ds->active = NULL;
 }
@@ -565,10 +560,7 @@ static int l_reducer(lua_State *L) {
   r->ctx = ctx;
   *pp = r;
   build_buckets(L, r, n, (size_t)cap);
-  r->prev = ctx->grad_ready;
-  r->prev_ud = ctx->grad_ready_ud;
-  ctx->grad_ready = on_grad_ready;
-  ctx->grad_ready_ud = r;
+  if (rm_hook_add(ctx, RM_HOOK_GRAD_READY, on_grad_ready, r)) return rm_lua_fail(L, fn);
   r->hooked = r->armed = true;
   ds->active = r;
   return 1;

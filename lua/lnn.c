@@ -359,13 +359,10 @@ static int l_param(lua_State *L) {
   const char *name = luaL_checkstring(L, 2);
   rm_tensor *t = rm_lua_check_tensor(L, 3, "param");
   rm_ctx *ctx = rm_lua_ctx(L);
-  rm_category cat = ctx->category;
-  bool grad = ctx->grad_enabled;
-  ctx->category = RM_CAT_PARAM;
-  ctx->grad_enabled = false;
+  rm_scope sc;
+  rm_scope_enter(ctx, &sc, RM_CAT_PARAM, RM_GRAD_OFF);
   rm_tensor *p = rm_copy(ctx, t);
-  ctx->category = cat;
-  ctx->grad_enabled = grad;
+  rm_scope_leave(ctx, &sc);
   if (!p) return rm_lua_fail(L, "param");
   p->requires_grad = true;
   rm_tensor_hold(p);
@@ -486,10 +483,8 @@ static int l_copy_values(lua_State *L) {
     return rm_lua_errorf(L, "load_state_dict: size %s does not match %s", rm_tensor_shape_str(src, a, sizeof a),
                          rm_tensor_shape_str(dst, b, sizeof b));
   }
-  rm_category cat = ctx->category;
-  bool grad = ctx->grad_enabled;
-  ctx->category = RM_CAT_TEMP;
-  ctx->grad_enabled = false;
+  rm_scope sc;
+  rm_scope_enter(ctx, &sc, RM_CAT_TEMP, RM_GRAD_OFF);
   rm_tensor *s = src;
   rm_tensor_hold(s);
   if (s->dtype != dst->dtype) {
@@ -506,8 +501,7 @@ static int l_copy_values(lua_State *L) {
   }
   if (!rc) rc = rm_op_into(ctx, RM_OP_COPY, 1, &s, NULL, 1, &dst);
   rm_tensor_drop(ctx, s);
-  ctx->category = cat;
-  ctx->grad_enabled = grad;
+  rm_scope_leave(ctx, &sc);
   if (rc) return rm_lua_fail(L, "load_state_dict");
   return 0;
 }

@@ -18,11 +18,7 @@ function remat.no_grad(fn, ...)
   if type(fn) ~= "function" then
     error("remat.no_grad: expected a function, got " .. type(fn), 2)
   end
-  local prev = C.grad_enabled(false)
-  local res = table.pack(pcall(fn, ...))
-  C.grad_enabled(prev)
-  if not res[1] then error(res[2], 0) end
-  return table.unpack(res, 2, res.n)
+  return C.scoped(nil, false, fn, ...)
 end
 
 function remat.grad_enabled() local g = C.grad_enabled() return g end

@@ -337,11 +337,7 @@ function dist.ShardedAdamW(params, opts)
     return s
   end
   local function zeros(n)
-    local prev = C.set_category("optim")
-    local ok, t = pcall(C.full, { n }, 0, dtype, device)
-    C.set_category(prev)
-    if not ok then error(t, 0) end
-    return t
+    return C.scoped("optim", nil, C.full, { n }, 0, dtype, device)
   end
 
   function opt.step(s)
@@ -370,8 +366,7 @@ function dist.ShardedAdamW(params, opts)
     end
     if W == 1 then return end
     -- gather: this rank's range into a flat buffer, all ranges to every rank
-    local prev = C.set_category("temp")
-    local ok, err = pcall(function()
+    local ok, err = pcall(C.scoped, "temp", nil, function()
       local send = C.full({ chunk }, 0, dtype, device)
       for _, pc in ipairs(pieces) do
         local src = flat(s.params[pc.i], layout[pc.i].n, pc.a, pc.n)
@@ -389,7 +384,6 @@ function dist.ShardedAdamW(params, opts)
       end
       C.free(all)
     end)
-    C.set_category(prev)
     if not ok then error(err, 0) end
   end
 

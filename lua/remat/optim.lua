@@ -127,11 +127,7 @@ local function low_precision(p) return select(2, C.info(p)) == "bfloat16" end
 local function state_tensor(p, dtype)
   local shape, pdtype, device = C.info(p)
   if not dtype then dtype = pdtype == "bfloat16" and "float32" or pdtype end
-  local prev = C.set_category("optim")
-  local ok, t = pcall(C.full, shape, 0, dtype, device)
-  C.set_category(prev)
-  if not ok then error(t, 0) end
-  return t
+  return C.scoped("optim", nil, C.full, shape, 0, dtype, device)
 end
 
 -- The tensor an update steps: p itself, or its float32 master (made at the first step,
@@ -139,12 +135,7 @@ end
 local function master_of(st, p)
   if not low_precision(p) then return p end
   if not st.master then
-    local prev, grad = C.set_category("optim"), C.grad_enabled(false)
-    local ok, t = pcall(C.op, "cast", { i = { F32_ID } }, p)
-    C.set_category(prev)
-    C.grad_enabled(grad)
-    if not ok then error(t, 0) end
-    st.master = t
+    st.master = C.scoped("optim", false, C.op, "cast", { i = { F32_ID } }, p)
   end
   return st.master
 end
@@ -414,8 +405,7 @@ function optim.clip_grad_norm(params, max_norm)
   -- One float64 running sum per device, read once at the end: one synchronisation per
   -- call, not one per parameter.
   local grads, total, acc = {}, 0, {}
-  local prev = C.set_category("temp")
-  local ok, err = pcall(function()
+  local ok, err = pcall(C.scoped, "temp", nil, function()
     for _, p in ipairs(params) do
       local g = grad_of(p)
       if g then
@@ -449,7 +439,6 @@ function optim.clip_grad_norm(params, max_norm)
     end
   end)
   for _, s in pairs(acc) do C.free(s) end
-  C.set_category(prev)
   if ok then
     total = math.sqrt(total)
     local coef = max_norm / (total + 1e-6)

@@ -147,9 +147,7 @@ function kit.gradcheck(fn, specs, opts)
   local w = kit.values(oshape)
   C.backward(out, C.from_table(w, oshape, "float64"))
   local function f()
-    local prev = C.grad_enabled(false)
-    local o = fn(table.unpack(build(false), 1, #specs))
-    C.grad_enabled(prev)
+    local o = C.scoped(nil, false, fn, table.unpack(build(false), 1, #specs))
     local ov, acc = C.flat(o), 0
     for k = 1, #ov do acc = acc + ov[k] * w[k] end
     return acc

@@ -1,0 +1,82 @@
+-- The core's layering: what the tape, the allocator and the op runner may know of, and
+-- how context state is changed for a while (one scope helper, restored on every path).
+local remat = require "remat"
+local files = require "support.files"
+local C = remat._C
+
+local function includes(path)
+  local out = {}
+  for h in files.read(path):gmatch('#include%s+"([^"]+)"') do out[#out + 1] = h end
+  return out
+end
+
+local function core_files(ext)
+  local p = io.popen("ls core/*." .. ext)
+  local out = {}
+  for f in p:lines() do out[#out + 1] = f end
+  p:close()
+  return out
+end
+
+describe("the core's layers", function()
+  it("alloc.c, op.c and autograd.c include no measure, checkpoint or dist header", function()
+    for _, f in ipairs { "core/alloc.c", "core/op.c", "core/autograd.c" } do
+      for _, h in ipairs(includes(f)) do
+        assert.is_nil(h:match("measure") or h:match("checkpoint") or h:match("dist"),
+          f .. " includes " .. h)
+      end
+    end
+  end)
+
+  it("no code outside the scope helper sets category, grad mode or dry-run state", function()
+    local sources = core_files("c")
+    for _, f in ipairs { "lua/lautograd.c", "lua/lnn.c", "lua/ldist.c", "lua/lplan.c", "lua/ltensor.c", "lua/lio.c" } do
+      sources[#sources + 1] = f
+    end
+    for _, f in ipairs(sources) do
+      if f ~= "core/ctx.c" then
+        local src = files.read(f)
+        for _, field in ipairs { "category", "grad_enabled", "dry" } do
+          assert.is_nil(src:match("ctx%->" .. field .. "%s*=[^=]"), f .. " assigns ctx->" .. field)
+        end
+      end
+    end
+  end)
+end)
+
+describe("scoped state", function()
+  it("no_grad restores grad mode when fn fails", function()
+    assert.is_true(remat.grad_enabled())
+    assert.has_error(function() remat.no_grad(function() error("boom") end) end)
+    assert.is_true(remat.grad_enabled())
+  end)
+
+  it("no_grad returns every result and works across a coroutine yield", function()
+    local co = coroutine.wrap(function()
+      return remat.no_grad(function(a, b)
+        local inside = remat.grad_enabled()
+        coroutine.yield(inside)
+        return a + b, remat.grad_enabled()
+      end, 1, 2)
+    end)
+    assert.is_false(co())
+    local s, g = co()
+    assert.equal(3, s)
+    assert.is_false(g)
+    assert.is_true(remat.grad_enabled())
+  end)
+
+  it("C.scoped sets the category of new op outputs and restores it after an error", function()
+    local z = remat.zeros(256)
+    local before = remat.memory.stats().by_category.temp or 0
+    local t = C.scoped("temp", nil, function() return z + 1 end)
+    assert.equal(before + 1024, remat.memory.stats().by_category.temp)
+    t:free()
+    assert.has_error(function() C.scoped("temp", nil, function() error("boom") end) end, "boom")
+    local a = z + 1
+    assert.equal(before, remat.memory.stats().by_category.temp or 0)
+    a:free()
+    z:free()
+    assert.has_error(function() C.scoped("nope", nil, print) end, "unknown memory category 'nope'")
+  end)
+end)
