@@ -87,6 +87,8 @@ void rm_scope_enter(rm_ctx *ctx, rm_scope *s, int category, int grad) {
   if (grad != RM_SAME) ctx->grad_enabled = grad != RM_GRAD_OFF;
 }
 
+void rm_set_grad_enabled(rm_ctx *ctx, bool on) { ctx->grad_enabled = on; }
+
 int rm_scope_enter_dry(rm_ctx *ctx, rm_scope *s) {
   if (ctx->dry) return rm_fail(ctx, RM_ERR_STATE, "a dry run is already in progress");
   rm_scope_enter(ctx, s, RM_CAT_ACTIVATION, RM_GRAD_ON);

@@ -82,6 +82,9 @@ void rm_scope_enter(rm_ctx *ctx, rm_scope *s, int category, int grad);
  * recompute counter are as they were. RM_ERR_STATE inside another dry run. */
 int rm_scope_enter_dry(rm_ctx *ctx, rm_scope *s);
 void rm_scope_leave(rm_ctx *ctx, rm_scope *s);
+/* Sets the grad mode for good (not scoped: a host or a scheduler switching between
+ * loops that each have their own). */
+void rm_set_grad_enabled(rm_ctx *ctx, bool on);
 
 /* Sets the context error (printf-style) and returns code, so callers can write
  * `return rm_fail(ctx, RM_ERR_SHAPE, "...", ...)`. */

@@ -53,9 +53,13 @@ static int l_detach(lua_State *L) {
   return 1;
 }
 
-/* C.grad_enabled() -> whether ops record on the tape */
+/* C.grad_enabled([flag]) -> the previous mode: whether ops record on the tape. Setting
+ * it is for a switch between coroutines (the stepper); a temporary change inside one
+ * is C.scoped. */
 static int l_grad_enabled(lua_State *L) {
-  lua_pushboolean(L, rm_lua_ctx(L)->grad_enabled);
+  rm_ctx *ctx = rm_lua_ctx(L);
+  lua_pushboolean(L, ctx->grad_enabled);
+  if (!lua_isnone(L, 1)) rm_set_grad_enabled(ctx, lua_toboolean(L, 1));
   return 1;
 }
 
