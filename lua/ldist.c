@@ -336,6 +336,7 @@ struct reducer {
   int *order;               /* slot indices sorted by parameter pointer (lookup) */
   unsigned char *flags;     /* per slot: this rank has a gradient (reduced with max) */
   bool armed, hooked, leaked;
+  bool unsynced;            /* a backward under no_sync left gradients to reduce */
   char err[RM_DIST_ERRLEN];
 };
 
@@ -434,8 +435,13 @@ static reducer *check_reducer(lua_State *L, int idx) {
   return *pp;
 }
 
+static int on_backward_done(rm_ctx *ctx, const rm_event *ev, void *ud);
+
 static void unhook(reducer *r) {
-  if (r->hooked) rm_hook_remove(r->ctx, RM_HOOK_GRAD_READY, on_grad_ready, r);
+  if (r->hooked) {
+    rm_hook_remove(r->ctx, RM_HOOK_GRAD_READY, on_grad_ready, r);
+    rm_hook_remove(r->ctx, RM_HOOK_BACKWARD_DONE, on_backward_done, r);
+  }
   r->hooked = false;
   if (r->ds->active == r) r->ds->active = NULL;
 }
@@ -560,39 +566,49 @@ static int l_reducer(lua_State *L) {
   r->ctx = ctx;
   *pp = r;
   build_buckets(L, r, n, (size_t)cap);
-  if (rm_hook_add(ctx, RM_HOOK_GRAD_READY, on_grad_ready, r)) return rm_lua_fail(L, fn);
+  if (rm_hook_add(ctx, RM_HOOK_GRAD_READY, on_grad_ready, r) ||
+      rm_hook_add(ctx, RM_HOOK_BACKWARD_DONE, on_backward_done, r)) {
+    rm_hook_remove(ctx, RM_HOOK_GRAD_READY, on_grad_ready, r);
+    return rm_lua_fail(L, fn);
+  }
   r->hooked = r->armed = true;
   ds->active = r;
   return 1;
 }
 
-/* C.dist_reducer_sync(r): averages every gradient across ranks (see above). */
-static int l_reducer_sync(lua_State *L) {
-  const char *fn = "dist.sync";
-  reducer *r = check_reducer(L, 1);
+/* A failed collective of the reducer: its message on the context. */
+static int sync_fail(reducer *r) {
+  r->ds->dirty = true;
+  return rm_fail(r->ctx, RM_ERR_RUNTIME, "%s%s", strncmp(r->err, "dist.", 5) ? "dist." : "", r->err);
+}
+
+/* Averages every gradient across ranks: starts the buckets backward did not reach,
+ * waits for all of them, and writes the averages into each parameter's .grad. */
+static int reducer_sync(reducer *r) {
   rm_ctx *ctx = r->ctx;
   dist_state *ds = r->ds;
+  r->unsynced = false;
   r->early = r->next;
   for (int i = 0; i < r->nslots; i++) {
     slot *s = &r->slots[i];
     if (s->ready || r->b[s->bucket].launched) continue;
-    if (fill_slot(r, s)) return rm_lua_fail(L, fn);
+    if (fill_slot(r, s)) return ctx->err_code;
     s->ready = true;
     r->b[s->bucket].nready++;
   }
-  if (launch_ready(r)) return rm_lua_fail(L, fn);
+  if (launch_ready(r)) return ctx->err_code;
   /* which parameters had a gradient on some rank (the others keep none) */
   rm_dist_req *freq = NULL;
   if (ds->api->iallreduce(r->flags, r->nslots, RM_DIST_U8, RM_DIST_MAX, &freq, r->err) ||
       wait_req(ds, freq, "dist.sync (allreduce of the gradient flags)", r->err))
-    return raise_err(L, r->err);
+    return sync_fail(r);
   for (int k = 0; k < r->nb; k++) {
     if (!r->b[k].req) continue;
     char what[96];
     snprintf(what, sizeof what, "dist.sync (allreduce of gradient bucket %d of %d)", k + 1, r->nb);
     rm_dist_req *q = r->b[k].req;
     r->b[k].req = NULL;
-    if (wait_req(ds, q, what, r->err)) return raise_err(L, r->err);
+    if (wait_req(ds, q, what, r->err)) return sync_fail(r);
   }
   rm_attrs a;
   rm_attrs_init(&a);
@@ -613,7 +629,26 @@ static int l_reducer_sync(lua_State *L) {
     rc = rm_op_into(ctx, RM_OP_MUL_SCALAR, 1, &s->view, &a, 1, &p->grad);
   }
   reset_step(r);
-  if (rc) return rm_lua_fail(L, fn);
+  return rc;
+}
+
+/* RM_HOOK_BACKWARD_DONE: as DDP, a backward returns with the averaged gradients
+ * (inside no_sync they accumulate locally, and the next backward reduces the sum). */
+static int on_backward_done(rm_ctx *ctx, const rm_event *ev, void *ud) {
+  reducer *r = ud;
+  if (ctx->dry || ev->rc != RM_OK) return RM_OK;   /* a planning dry run, or a failed backward */
+  if (!r->armed) {
+    r->unsynced = true;
+    return RM_OK;
+  }
+  return reducer_sync(r);
+}
+
+/* C.dist_reducer_sync(r): reduces gradients that backward left unreduced (backward
+ * calls all inside no_sync); nothing otherwise, since backward already reduced. */
+static int l_reducer_sync(lua_State *L) {
+  reducer *r = check_reducer(L, 1);
+  if (r->unsynced && reducer_sync(r)) return rm_lua_errorf(L, "%s", rm_errmsg(r->ctx));
   return 0;
 }
 

@@ -10,8 +10,8 @@
 --     local opt = dist.ShardedAdamW(model:parameters(), { lr = 1e-3 })  -- or optim.AdamW
 --     for xb, yb in train:batches(64) do
 --       local loss = remat.nn.cross_entropy(model(xb), yb)
---       loss:backward()                     -- gradient buckets start reducing during backward
---       model:sync()                        -- waits for them: every rank holds the average
+--       loss:backward()                     -- buckets reduce during backward; when it returns
+--                                           -- every rank holds the average
 --       opt:step(); opt:zero_grad()
 --       dist.print("loss", loss:item())     -- rank 1 prints
 --     end
@@ -183,10 +183,10 @@ local function human(b) return remat.memory.format(b) end
 -- opts.bucket: bucket size (bytes or "4MiB"; default a quarter of the gradients,
 -- clamped to 256 KiB .. 25 MiB); opts.broadcast (default true): copy rank 1's
 -- parameters to every rank now. The wrapper calls like the model and forwards its
--- methods (checkpoint, plan, parameters, state_dict, ...); after loss:backward() call
--- :sync() (or use :backward(loss), which does both): each rank then holds the average
--- of every rank's gradients. Checkpoint policies compose: each rank plans its own
--- memory. In one process it is the model itself plus a no-op sync().
+-- methods (checkpoint, plan, parameters, state_dict, ...). As PyTorch's DDP, when
+-- loss:backward() returns each rank holds the average of every rank's gradients (the
+-- reducer subscribes to the end of backward). Checkpoint policies compose: each rank
+-- plans its own memory. In one process it is the model itself.
 function dist.DataParallel(model, opts)
   local fn = "dist.DataParallel"
   opts = opts or {}
@@ -245,21 +245,21 @@ DP_mt.__tostring = function(self)
   return ("DataParallel(%d ranks, buckets of %s)\n%s"):format(S.size, human(self.bucket_bytes), tostring(self.module))
 end
 
--- dp:sync(): waits for the gradient reductions started during backward (starting those
--- backward did not reach) and writes the averages into each parameter's .grad.
+-- dp:sync(): reduces what backward passes run inside no_sync left unreduced (when no
+-- backward follows them); otherwise nothing: backward already averaged the gradients.
 function DP:sync()
   if self.reducer then C.dist_reducer_sync(self.reducer) end
   return self
 end
 
--- dp:backward(loss): loss:backward() then dp:sync().
+-- dp:backward(loss): loss:backward() (which reduces the gradients).
 function DP:backward(loss)
   loss:backward()
-  return self:sync()
+  return self
 end
 
 -- dp:no_sync(fn, ...): runs fn (forward and backward passes whose gradients accumulate
--- locally); the next backward outside, then :sync(), reduces the accumulated sum.
+-- locally); the next backward outside reduces the accumulated sum.
 function DP:no_sync(fn, ...)
   if not self.reducer then return fn(...) end
   C.dist_reducer_arm(self.reducer, false)

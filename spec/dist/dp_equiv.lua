@@ -23,9 +23,8 @@ dist.run(function()
       local x, y = H.batch(k, B)
       if opts.dp then x, y = H.rows(x, y, (r - 1) * per + 1, per) end
       local loss = nn.cross_entropy(dp(x), y)
-      loss:backward()
+      loss:backward()   -- DataParallel: averaged when backward returns (no dp:sync())
       if opts.dp then
-        dp:sync()
         local info = dp:info()
         H.result(("%s_started_early_%d"):format(kind, #info.buckets), info.started_during_backward)
       end
@@ -68,7 +67,6 @@ dist.run(function()
   local x, y = H.batch(1, 4)
   local loss = r == 1 and nn.cross_entropy(dp(x), y) or (dp[1](x)):sum()
   loss:backward()
-  dp:sync()
   local g = dp:parameters()[#dp:parameters()].grad
   local has = g ~= nil
   local gsum = remat.tensor(has and { 1 } or { 0 })
@@ -85,7 +83,6 @@ dist.run(function()
   local x2, y2 = H.batch(3, 4)
   local l2 = nn.cross_entropy(dp(x2), y2) * 0.5
   l2:backward()
-  dp:sync()
   local acc = {}
   for _, p in ipairs(dp:parameters()) do acc[#acc + 1] = p.grad:clone() end
   dp:zero_grad()

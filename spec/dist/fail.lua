@@ -1,5 +1,5 @@
 -- An error on one rank, in the middle of data-parallel training, ends the job on every
--- rank: rank 2 raises during its third forward while rank 1 waits in dp:sync();
+-- rank: rank 2 raises during its third forward while rank 1 waits in backward's reduction;
 -- dist.run prints the error on both and ends the job (exit code 1).
 -- With `plain` as argument, no dist.run: the failing rank's process just ends with the
 -- error, and rank 1 fails a few seconds later ("rank 2 ended ...").
