@@ -1,86 +1,115 @@
 -- The headline: under one fixed memory limit, how much larger a batch remat trains with
--- checkpointing than without, and at what throughput.
+-- checkpointing than without, and at what throughput, on two models:
+--   activations: a deep residual MLP with AdamW whose activations dominate;
+--   parameters:  a wide residual MLP with SGD whose parameters and gradients take
+--                >= 70% of the limit.
+-- Every byte counts against remat.memory.limit(L): parameters, gradients, optimizer
+-- state, data, activations. The user does no arithmetic: policy.budget() plans the whole
+-- step within the limit. Rows: none(), every(1), budget(), and budget() with the
+-- optimizer fused into backward (in_backward = true).
 --
--- A deep residual MLP is trained with AdamW under remat.memory.limit(L) (every byte
--- counts: parameters, gradients, optimizer state, data, activations). For none() and
--- for a checkpoint policy, the largest batch whose training step fits is found (doubling,
--- then bisection; an over-limit step fails cleanly and the search goes on), then
--- examples/s are measured at that batch. The checkpointed runs use policy.budget with
--- what the limit leaves for activations, and policy.every(1).
+-- The largest batch (a multiple of 16) is found by bisection over dry runs (model:plan's
+-- whole-step peak, or whether budget() finds a plan), then one real step at it must fit.
+-- Examples/s: the median over rounds that interleave the rows (the machine is shared).
 --
--- Usage: remat bench/headline.lua [--limit 96MiB] [--blocks 16] [--width 128] [--steps 4]
+-- Usage: remat bench/headline.lua [--rounds 3] [--steps 2] [--only activations|parameters]
 local remat = require "remat"
 local nn, optim, policy = remat.nn, remat.optim, remat.policy
 local fmt = remat.memory.format
 
-local o = { limit = "96MiB", blocks = 16, width = 128, steps = 4 }
+local o = { rounds = 3, steps = 2, only = false }
 do
   local argv, i = { ... }, 1
   while argv[i] do
     local k = argv[i]:match("^%-%-(.+)$")
-    if not k or o[k] == nil or not argv[i + 1] then error("usage: remat bench/headline.lua [--limit 96MiB] [--blocks N] [--width N] [--steps N]", 0) end
-    o[k] = k == "limit" and argv[i + 1] or tonumber(argv[i + 1])
+    if not k or o[k] == nil or not argv[i + 1] then
+      error("usage: remat bench/headline.lua [--rounds N] [--steps N] [--only activations|parameters]", 0)
+    end
+    o[k] = k == "only" and argv[i + 1] or tonumber(argv[i + 1])
     i = i + 2
   end
 end
-local limit = remat.memory.parse(o.limit)
+
+local MODELS = {
+  { name = "activations", limit = "96MiB", blocks = 16, width = 128, input = 128,
+    opt = function(p, fused) return optim.AdamW(p, { lr = 1e-3, in_backward = fused }) end,
+    what = "16-block residual MLP, width 128 (hidden 512), AdamW" },
+  { name = "parameters", limit = "64MiB", blocks = 8, width = 320, input = 64,
+    opt = function(p, fused) return optim.SGD(p, { lr = 1e-2, in_backward = fused }) end,
+    what = "8-block residual MLP, width 320 (hidden 1280), SGD" },
+}
 local classes = 10
 
-local function build()
+local function build(m)
   remat.manual_seed(1)
-  local layers = { nn.Linear(o.width, o.width) }
-  for _ = 1, o.blocks do
+  local layers = { nn.Linear(m.input, m.width) }
+  for _ = 1, m.blocks do
     layers[#layers + 1] = nn.Residual(nn.Sequential {
-      nn.LayerNorm(o.width), nn.Linear(o.width, 4 * o.width), nn.GELU(), nn.Linear(4 * o.width, o.width) })
+      nn.LayerNorm(m.width), nn.Linear(m.width, 4 * m.width), nn.GELU(), nn.Linear(4 * m.width, m.width) })
   end
-  layers[#layers + 1] = nn.Linear(o.width, classes)
+  layers[#layers + 1] = nn.Linear(m.width, classes)
   return nn.Sequential(layers)
 end
 
-local function labels(b)
+local function batch(m, b)
   local t = {}
   for i = 1, b do t[i] = (i * 7) % classes + 1 end
-  return remat.tensor(t)
+  return remat.randn(b, m.input), remat.tensor(t)
 end
 
--- One setup: model, optimizer (state allocated by a first small step), and a step
--- function for batch b under the policy maker pol(b) (nil: keep everything).
-local function setup()
-  collectgarbage()
-  collectgarbage()
+local function settle() collectgarbage(); collectgarbage() end
+
+local ROWS = {
+  { name = "none()", pol = policy.none },
+  { name = "every(1)", pol = function() return policy.every(1) end },
+  { name = "budget()", pol = policy.budget },
+  { name = "budget() + in_backward", pol = policy.budget, fused = true },
+}
+
+-- A model and its optimizer (state made by a first small step), checkpointed.
+local function setup(m, row)
+  settle()
   remat.memory.limit(nil)
-  local model = build()
-  local opt = optim.AdamW(model:parameters(), { lr = 1e-3 })
-  local x, y = remat.randn(2, o.width), labels(2)
+  local model = build(m)
+  local opt = m.opt(model:parameters(), row.fused or false)
+  local x, y = batch(m, 2)
   nn.cross_entropy(model(x), y):backward()
   opt:step()
   opt:zero_grad()
+  x, y = nil, nil
+  settle()
+  model:checkpoint(row.pol())
   return model, opt
 end
 
-local function param_bytes(model)
-  local n = 0
-  for _, p in ipairs(model:parameters()) do n = n + 4 * p:numel() end
-  return n
+-- Whether batch b fits under the limit, by a dry run of the whole step.
+local function fits(m, model, opt, limit, b)
+  local x, y = batch(m, b)
+  remat.memory.limit(limit)
+  local ok, plan = pcall(model.plan, model, x, { loss = function(out) return nn.cross_entropy(out, y) end,
+    optimizer = opt })
+  remat.memory.limit(nil)
+  x:free(); y:free()
+  return ok and plan.step_peak <= limit
 end
 
--- Runs `steps` training steps at batch b under the limit; returns seconds per step, or
--- nil and the error when a step does not fit.
-local function run(model, opt, b, pol, steps)
-  collectgarbage()
-  collectgarbage()
-  remat.memory.limit(nil)
-  local x, y = remat.randn(b, o.width), labels(b)
-  if pol then
-    -- what the limit leaves for activations: all that lives now, plus gradients to come
-    local room = limit - remat.memory.stats().live - param_bytes(model) - (1 << 20)
-    if room <= 0 then x:free(); y:free(); return nil, "no room left for activations" end
-    model:checkpoint(pol(room))
-  else
-    model:checkpoint(policy.none())
+local function largest(m, model, opt, limit)
+  local lo, hi = 0, 16
+  while fits(m, model, opt, limit, hi) do lo, hi = hi, hi * 2 end
+  while hi - lo > 16 do
+    local mid = (lo + hi) // 2 // 16 * 16
+    if fits(m, model, opt, limit, mid) then lo = mid else hi = mid end
   end
+  return lo
+end
+
+-- Seconds per step over `steps` steps at batch b under the limit (after one untimed
+-- step), or nil and the error when a step does not fit.
+local function run(m, model, opt, limit, b, steps)
+  settle()
+  local x, y = batch(m, b)
   remat.memory.limit(limit)
-  local ok, err = pcall(function()
+  local ok, res = pcall(function()
     local t0
     for s = 1, steps + 1 do
       if s == 2 then t0 = remat.now() end
@@ -88,54 +117,66 @@ local function run(model, opt, b, pol, steps)
       loss:backward()
       opt:step()
       opt:zero_grad()
-      loss:free()
     end
     return (remat.now() - t0) / steps
   end)
   remat.memory.limit(nil)
-  x:free()
-  y:free()
   opt:zero_grad()
-  collectgarbage()
-  collectgarbage()
-  if ok then return err end
-  return nil, err
+  x, y = nil, nil
+  settle()
+  if ok then return res end
+  return nil, res
 end
 
--- The largest batch (a multiple of 32) whose step fits.
-local function largest(model, opt, pol)
-  local lo, hi, b = 0, nil, 32
-  while not hi do
-    if run(model, opt, b, pol, 1) then lo = b; b = b * 2 else hi = b end
-    if b > 1 << 20 then break end
+local function median(t)
+  table.sort(t)
+  local n = #t
+  if n == 0 then return nil end
+  return n % 2 == 1 and t[(n + 1) // 2] or (t[n // 2] + t[n // 2 + 1]) / 2
+end
+
+local function loadavg()
+  local f = io.open("/proc/loadavg")
+  local s = f and f:read("l") or "?"
+  if f then f:close() end
+  return s:match("^(%S+ %S+ %S+)") or s
+end
+
+local t_start = remat.now()
+print(("remat bench/headline.lua --rounds %d --steps %d  (load average at start: %s)"):format(o.rounds, o.steps, loadavg()))
+for _, m in ipairs(MODELS) do
+  if not o.only or o.only == m.name then
+    local limit = remat.memory.parse(m.limit)
+    local probe = build(m)
+    local pbytes = 0
+    for _, p in ipairs(probe:parameters()) do pbytes = pbytes + 4 * p:numel() end
+    probe = nil
+    print(("\n%s: %s; limit %s for everything; parameters + gradients %s (%.0f%% of the limit)"):format(
+      m.name, m.what, fmt(limit), fmt(2 * pbytes), 100 * 2 * pbytes / limit))
+    local rows = {}
+    for r, row in ipairs(ROWS) do
+      local model, opt = setup(m, row)
+      local b = largest(m, model, opt, limit)
+      local ok, err = true, nil
+      if b > 0 then ok, err = run(m, model, opt, limit, b, 0) end
+      rows[r] = { row = row, model = model, opt = opt, batch = b, eps = {}, err = not ok and err or nil }
+    end
+    for _ = 1, o.rounds do
+      for _, r in ipairs(rows) do
+        if r.batch > 0 and not r.err then
+          local s, err = run(m, r.model, r.opt, limit, r.batch, o.steps)
+          if s then r.eps[#r.eps + 1] = r.batch / s else r.err = err end
+        end
+      end
+    end
+    print(("%-24s %8s %12s %9s %9s"):format("policy", "batch", "examples/s", "batch x", "thru x"))
+    local base_b, base_eps = rows[1].batch, median(rows[1].eps)
+    for _, r in ipairs(rows) do
+      local eps = median(r.eps)
+      print(("%-24s %8d %12s %8.2fx %9s%s"):format(r.row.name, r.batch, eps and ("%.0f"):format(eps) or "-",
+        r.batch / math.max(1, base_b), (eps and base_eps) and ("%.2fx"):format(eps / base_eps) or "-",
+        r.err and ("  (" .. tostring(r.err):sub(1, 80) .. ")") or ""))
+    end
   end
-  hi = hi or b
-  while hi - lo > 32 do
-    local mid = (lo + hi) // 2 // 32 * 32
-    if mid <= lo then break end
-    if run(model, opt, mid, pol, 1) then lo = mid else hi = mid end
-  end
-  return lo
 end
-
-print(("residual MLP: %d blocks, width %d (hidden %d), AdamW; memory limit %s for everything"):format(
-  o.blocks, o.width, 4 * o.width, fmt(limit)))
-local rows = {}
-for _, case in ipairs {
-  { name = "none()", pol = nil },
-  { name = "budget(what the limit leaves)", pol = function(room) return policy.budget(room) end },
-  { name = "every(1)", pol = function() return policy.every(1) end },
-} do
-  local model, opt = setup()
-  local b = largest(model, opt, case.pol)
-  local s = b > 0 and run(model, opt, b, case.pol, o.steps)
-  rows[#rows + 1] = { name = case.name, batch = b, step = s, eps = s and b / s }
-end
-
-print(("%-32s %8s %10s %12s %9s %9s"):format("policy", "batch", "step s", "examples/s", "batch x", "thru x"))
-local base = rows[1]
-for _, r in ipairs(rows) do
-  print(("%-32s %8d %10s %12s %8.2fx %8s"):format(r.name, r.batch, r.step and ("%.3f"):format(r.step) or "-",
-    r.eps and ("%.0f"):format(r.eps) or "-", r.batch / math.max(1, base.batch),
-    (r.eps and base.eps) and ("%.2fx"):format(r.eps / base.eps) or "-"))
-end
+print(("\n%.0f s; load average at the end: %s"):format(remat.now() - t_start, loadavg()))

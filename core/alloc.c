@@ -133,7 +133,10 @@ static rm_storage *storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size
   m->reserved = b->reserved ? b->reserved(ctx) : m->reserved + bytes;
   if (m->live[cat] > m->peak[cat]) m->peak[cat] = m->live[cat];
   s->version = 0;
-  if (m->live_total > m->peak_total) m->peak_total = m->live_total;
+  if (m->live_total > m->peak_total) {
+    m->peak_total = m->live_total;
+    memcpy(m->peak_live, m->live, sizeof m->peak_live);
+  }
   s->tag = -1;
   if (rm_hooked(ctx, RM_HOOK_ALLOC)) rm_hook_fire(ctx, RM_HOOK_ALLOC, &(rm_event){ .storage = s });
   return s;
@@ -172,6 +175,7 @@ void rm_memory_reset_peak(rm_ctx *ctx, rm_device dev) {
   rm_memstats *m = &ctx->mem[dev];
   for (int c = 0; c < RM_CAT_COUNT; c++) m->peak[c] = m->live[c];
   m->peak_total = m->live_total;
+  memcpy(m->peak_live, m->live, sizeof m->peak_live);
 }
 
 void rm_memory_end_dry(rm_ctx *ctx) {

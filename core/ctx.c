@@ -118,7 +118,13 @@ void rm_scope_leave(rm_ctx *ctx, rm_scope *s) {
     /* the dry run's own bytes stopped counting; a peak it made does not stay */
     for (int c = 0; c < RM_CAT_COUNT; c++)
       cur->peak[c] = was->peak[c] > cur->live[c] ? was->peak[c] : cur->live[c];
-    cur->peak_total = was->peak_total > cur->live_total ? was->peak_total : cur->live_total;
+    if (was->peak_total > cur->live_total) {
+      cur->peak_total = was->peak_total;
+      memcpy(cur->peak_live, was->peak_live, sizeof cur->peak_live);
+    } else {
+      cur->peak_total = cur->live_total;
+      memcpy(cur->peak_live, cur->live, sizeof cur->peak_live);
+    }
     cur->limit = was->limit;
     cur->fail_at = was->fail_at;
     cur->n_allocs = was->n_allocs;

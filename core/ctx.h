@@ -14,6 +14,7 @@ typedef struct rm_memstats {
   size_t live[RM_CAT_COUNT];
   size_t peak[RM_CAT_COUNT];      /* per-category peak since the last reset */
   size_t live_total, peak_total;  /* peak_total: peak of the sum, not the sum of peaks */
+  size_t peak_live[RM_CAT_COUNT]; /* live bytes by category when peak_total was reached */
   size_t reserved;                /* bytes held from the device (>= live on caching devices) */
   size_t limit;                   /* 0: none */
   uint64_t n_allocs;

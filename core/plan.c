@@ -113,6 +113,8 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
   rm_memstats *ms = &ctx->mem[dev];
   sim->base = ms->live[RM_CAT_ACTIVATION];
   ms->peak[RM_CAT_ACTIVATION] = ms->live[RM_CAT_ACTIVATION];
+  ms->peak_total = ms->live_total;
+  memcpy(ms->peak_live, ms->live, sizeof ms->peak_live);
 
   rm_measure m;
   rc = st.oom ? rm_fail(ctx, RM_ERR_OOM, "plan: out of host memory") : rm_measure_begin(ctx, &m, seq, dev, layers);
@@ -130,10 +132,14 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
       rc = rm_backward(ctx, l, NULL);
     }
     rm_measure_close(ctx, &m);
+    sim->end_live = ms->live_total;
+    memcpy(sim->end_cat, ms->live, sizeof sim->end_cat);
   }
   rm_tensor_drop(ctx, l);
   rm_tensor_drop(ctx, y);
   sim->peak = ms->peak[RM_CAT_ACTIVATION];
+  sim->step_peak = ms->peak_total;
+  memcpy(sim->step_cat, ms->peak_live, sizeof sim->step_cat);
   sim->recompute_flops = ctx->recompute_flops;
   if (measuring) {
     sim->loss_peak = m.loss_peak;

@@ -58,6 +58,13 @@ typedef struct rm_sim {
                            * the model output's gradient) */
   rm_layer_stats *layers; /* n entries when asked for, else NULL */
   int n;
+  /* The whole step on x's device, every category: its peak live bytes through forward,
+   * loss and backward (gradients included), the live bytes by category at that peak,
+   * and what lives when backward ends (where an optimizer step starts). */
+  size_t step_peak;
+  size_t step_cat[RM_CAT_COUNT];
+  size_t end_live;
+  size_t end_cat[RM_CAT_COUNT];
 } rm_sim;
 
 /* Loss callback for dry runs: *loss = a scalar from the model output y (new hold). */

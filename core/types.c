@@ -8,7 +8,7 @@ static const char *const dtype_names[RM_DTYPE_COUNT] = { "float32", "float64", "
 static const size_t dtype_sizes[RM_DTYPE_COUNT] = { 4, 8, 2, 2 };
 static const char *const device_names[RM_DEVICE_COUNT] = { "cpu", "cuda" };
 static const char *const category_names[RM_CAT_COUNT] = {
-  "param", "grad", "optim", "activation", "workspace", "temp"
+  "param", "grad", "optim", "activation", "workspace", "temp", "data"
 };
 
 const char *rm_dtype_name(rm_dtype d) { return (unsigned)d < RM_DTYPE_COUNT ? dtype_names[d] : "?"; }

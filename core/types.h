@@ -21,10 +21,11 @@ typedef struct rm_node rm_node;
 typedef enum { RM_F32 = 0, RM_F64, RM_BF16, RM_F16, RM_DTYPE_COUNT } rm_dtype;
 typedef enum { RM_CPU = 0, RM_CUDA, RM_DEVICE_COUNT } rm_device;
 
-/* Allocation categories: every byte of every storage is tagged with one. */
+/* Allocation categories: every byte of every storage is tagged with one. data: datasets
+ * and the batches read from them. */
 typedef enum {
   RM_CAT_PARAM = 0, RM_CAT_GRAD, RM_CAT_OPTIM, RM_CAT_ACTIVATION,
-  RM_CAT_WORKSPACE, RM_CAT_TEMP, RM_CAT_COUNT
+  RM_CAT_WORKSPACE, RM_CAT_TEMP, RM_CAT_DATA, RM_CAT_COUNT
 } rm_category;
 
 /* Shape and type of a tensor, without data (what an op's infer step produces). */

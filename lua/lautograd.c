@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include "lremat.h"
+#include "lnn.h"
 #include "../core/autograd.h"
 #include "../core/backend.h"
 
@@ -26,7 +27,11 @@ static int l_requires_grad(lua_State *L) {
 static int l_backward(lua_State *L) {
   rm_tensor *t = rm_lua_check_tensor(L, 1, "backward");
   rm_tensor *g = lua_isnoneornil(L, 2) ? NULL : rm_lua_check_tensor(L, 2, "backward");
-  if (rm_backward(rm_lua_ctx(L), t, g) != RM_OK) return rm_lua_fail(L, "backward");
+  /* bracketed: an optimizer fused into backward calls back into this thread */
+  lua_State *prev = rm_lua_nn_enter(L);
+  int rc = rm_backward(rm_lua_ctx(L), t, g);
+  rm_lua_nn_leave(L, prev);
+  if (rc != RM_OK) return rm_lua_nn_fail(L, "backward");
   return 0;
 }
 

@@ -15,7 +15,7 @@ static rm_category check_category(lua_State *L, int idx, rm_category def, const 
   const char *s = luaL_checkstring(L, idx);
   for (int c = 0; c < RM_CAT_COUNT; c++)
     if (!strcmp(s, rm_category_name((rm_category)c))) return (rm_category)c;
-  rm_lua_errorf(L, "%s: unknown memory category '%s' (param, grad, optim, activation, workspace, temp)", fn, s);
+  rm_lua_errorf(L, "%s: unknown memory category '%s' (param, grad, optim, activation, workspace, temp, data)", fn, s);
   return def;
 }
 
@@ -115,7 +115,7 @@ static int l_load(lua_State *L) {
 static int l_read_idx(lua_State *L) {
   const char *path = check_path(L, 1, "remat.read_idx");
   lua_Integer limit = luaL_optinteger(L, 2, 0);
-  rm_category cat = check_category(L, 3, RM_CAT_TEMP, "remat.read_idx");
+  rm_category cat = check_category(L, 3, RM_CAT_DATA, "remat.read_idx");
   rm_lua_push_tensor(L, rm_idx_read(rm_lua_ctx(L), path, limit, cat), "remat.read_idx");
   return 1;
 }
@@ -238,7 +238,7 @@ static int l_encode_bytes(lua_State *L) {
   size_t n;
   const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &n);
   luaL_checktype(L, 2, LUA_TTABLE);
-  rm_category cat = check_category(L, 3, RM_CAT_TEMP, fn);
+  rm_category cat = check_category(L, 3, RM_CAT_DATA, fn);
   float lut[256];
   for (int b = 0; b < 256; b++) {
     lua_rawgeti(L, 2, b);

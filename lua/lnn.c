@@ -19,6 +19,7 @@ typedef struct nn_state {
   lua_State *main;   /* main thread: registry work when no call is in progress */
   lua_State *cur;    /* thread running the current forward (NULL: none) */
   int err_ref;       /* registry ref of the error raised by a Lua module (LUA_NOREF) */
+  bool no_step_collect; /* remat.memory.step_collect(false): no collection per step */
 } nn_state;
 
 typedef struct lmodule {
@@ -107,6 +108,8 @@ lua_State *rm_lua_nn_enter(lua_State *L) {
 }
 
 void rm_lua_nn_leave(lua_State *L, lua_State *prev) { get_state(L)->cur = prev; }
+
+lua_State *rm_lua_nn_current(lua_State *L) { return get_state(L)->cur; }
 
 int rm_lua_nn_fail(lua_State *L, const char *fn) {
   nn_state *st = get_state(L);
@@ -598,6 +601,28 @@ static int m_len(lua_State *L) {
 
 static int m_call(lua_State *L) { return l_forward(L); }
 
+/* C.step_begin() -> true when a forward with grad starts a training step (it is not
+ * nested in another forward, nor a dry run). The step begins with a full collection:
+ * Lua's collector cannot see tensor bytes, so the handles of earlier steps' tensors
+ * (outputs, losses, batches, a Lua module's intermediates) would otherwise hold memory
+ * the step's plan does not know about, until the collector happens to run. */
+static int l_step_begin(lua_State *L) {
+  nn_state *st = get_state(L);
+  rm_ctx *ctx = rm_lua_ctx(L);
+  bool top = !st->cur && !ctx->dry && ctx->grad_enabled;
+  if (top && !st->no_step_collect) lua_gc(L, LUA_GCCOLLECT);
+  lua_pushboolean(L, top);
+  return 1;
+}
+
+/* C.step_collect([flag]) -> previous flag: whether each step begins with a collection. */
+static int l_step_collect(lua_State *L) {
+  nn_state *st = get_state(L);
+  lua_pushboolean(L, !st->no_step_collect);
+  if (!lua_isnone(L, 1)) st->no_step_collect = !lua_toboolean(L, 1);
+  return 1;
+}
+
 static int m_eq(lua_State *L) {
   lmodule *a = luaL_testudata(L, 1, RM_MODULE_MT), *b = luaL_testudata(L, 2, RM_MODULE_MT);
   lua_pushboolean(L, a && b && a->m == b->m);
@@ -618,6 +643,8 @@ static const luaL_Reg nn_c[] = {
   { "nn_module", l_nn_module },
   { "nn_loss", l_loss },
   { "module_forward", l_forward },
+  { "step_begin", l_step_begin },
+  { "step_collect", l_step_collect },
   { "module_add", l_add },
   { "module_param", l_param },
   { "module_info", l_info },
@@ -640,6 +667,7 @@ void rm_lua_open_nn(lua_State *L) {
     lua_pop(L, 1);
     st->cur = NULL;
     st->err_ref = LUA_NOREF;
+    st->no_step_collect = false;
     lua_rawsetp(L, LUA_REGISTRYINDEX, &STATE_KEY);
   }
   lua_pop(L, 1);

@@ -19,6 +19,8 @@ rm_tensor *rm_lua_module_forward(lua_State *L, rm_module *m, rm_tensor *x, const
  * the callbacks run on L. rm_lua_nn_leave returns the previous thread to restore. */
 lua_State *rm_lua_nn_enter(lua_State *L);
 void rm_lua_nn_leave(lua_State *L, lua_State *prev);
+/* The thread running the current forward or backward (NULL: none). */
+lua_State *rm_lua_nn_current(lua_State *L);
 /* After a failed core call bracketed by enter/leave: re-raises the original error of a
  * Lua module when there was one, else raises "fn: ctx message". Never returns. */
 int rm_lua_nn_fail(lua_State *L, const char *fn);

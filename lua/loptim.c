@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lremat.h"
+#include "lnn.h"
 
 #define MAX_IO 16
 
@@ -91,7 +91,88 @@ static int l_tensor_id(lua_State *L) {
   return 1;
 }
 
+/* ---- optimizers fused into backward ----
+ * One hook per context on ctx->grad_ready calls a Lua dispatcher (remat.optim's) with
+ * the leaf whose gradient just became final and whether this is a planning dry run; the
+ * dispatcher updates the parameter and frees its gradient when a fused optimizer owns
+ * it. The hook chains to the one it replaced. */
+typedef struct fused_hook {
+  rm_ctx *ctx;
+  lua_State *main;
+  int fn_ref;                                       /* the dispatcher */
+  int (*prev)(rm_ctx *, rm_tensor *, void *);
+  void *prev_ud;
+  bool hooked;
+} fused_hook;
+
+static const char FUSED_KEY = 'f';
+
+static int on_grad_ready(rm_ctx *ctx, rm_tensor *leaf, void *ud) {
+  fused_hook *h = ud;
+  if (h->prev) {
+    int rc = h->prev(ctx, leaf, h->prev_ud);
+    if (rc) return rc;
+  }
+  lua_State *L = rm_lua_nn_current(h->main);
+  if (!L) L = h->main;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, h->fn_ref);
+  lua_pushlightuserdata(L, leaf);
+  lua_pushboolean(L, ctx->dry);
+  if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+    const char *msg = lua_tostring(L, -1);
+    rm_fail(ctx, RM_ERR_RUNTIME, "%s", msg ? msg : "the fused optimizer failed");
+    lua_pop(L, 1);
+    return RM_ERR_RUNTIME;
+  }
+  return RM_OK;
+}
+
+static int fused_gc(lua_State *L) {
+  fused_hook *h = lua_touserdata(L, 1);
+  if (h->hooked && h->ctx->grad_ready == on_grad_ready && h->ctx->grad_ready_ud == h) {
+    h->ctx->grad_ready = h->prev;
+    h->ctx->grad_ready_ud = h->prev_ud;
+  }
+  h->hooked = false;
+  return 0;
+}
+
+/* C.fused_hook(dispatcher): installs the hook for this state's context (once; a later
+ * call replaces the dispatcher). */
+static int l_fused_hook(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  rm_ctx *ctx = rm_lua_ctx(L);
+  fused_hook *h;
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &FUSED_KEY) == LUA_TUSERDATA &&
+      ((fused_hook *)lua_touserdata(L, -1))->ctx == ctx) {
+    h = lua_touserdata(L, -1);
+    luaL_unref(L, LUA_REGISTRYINDEX, h->fn_ref);
+  } else {
+    h = lua_newuserdatauv(L, sizeof *h, 0);
+    memset(h, 0, sizeof *h);
+    lua_newtable(L);
+    lua_pushcfunction(L, fused_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    h->ctx = ctx;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+    h->main = lua_tothread(L, -1);
+    lua_pop(L, 1);
+    h->prev = ctx->grad_ready;
+    h->prev_ud = ctx->grad_ready_ud;
+    ctx->grad_ready = on_grad_ready;
+    ctx->grad_ready_ud = h;
+    h->hooked = true;
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &FUSED_KEY);
+  }
+  lua_pushvalue(L, 1);
+  h->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 0;
+}
+
 static const luaL_Reg fns[] = {
+  { "fused_hook", l_fused_hook },
   { "op_into", l_op_into },
   { "double_bits", l_double_bits },
   { "tensor_id", l_tensor_id },

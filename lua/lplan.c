@@ -145,9 +145,14 @@ static int l_plan_simulate(lua_State *L) {
   bool has_loss = lua_isfunction(L, 4);
   bool want = lua_toboolean(L, 5);
   rm_sim sim;
+  /* The collector stays off during the dry run: a Lua module's intermediates collected
+   * there but not in the real step would make the prediction too low. */
+  bool gc_on = lua_gc(L, LUA_GCISRUNNING);
+  if (gc_on) lua_gc(L, LUA_GCSTOP);
   lua_State *prev = rm_lua_nn_enter(L);
   int rc = rm_plan_simulate(ctx, m, x, p ? p : keep, has_loss ? call_loss : NULL, &cb, want, &sim);
   rm_lua_nn_leave(L, prev);
+  if (gc_on) lua_gc(L, LUA_GCRESTART);
   rm_plan_free(ctx, p);
   rm_plan_free(ctx, keep);
   if (rc != RM_OK) return rm_lua_nn_fail(L, "plan");
@@ -161,6 +166,20 @@ static int l_plan_simulate(lua_State *L) {
   set_num(L, "recompute_cost", sim.recompute_cost);
   const rm_backend *be = ctx->backend[x->device];
   set_num(L, "flops_per_byte", be ? be->flops_per_byte : 0);
+  set_int(L, "step_peak", sim.step_peak);
+  set_int(L, "end_live", sim.end_live);
+  lua_createtable(L, 0, RM_CAT_COUNT);
+  for (int c = 0; c < RM_CAT_COUNT; c++) {
+    lua_pushinteger(L, (lua_Integer)sim.step_cat[c]);
+    lua_setfield(L, -2, rm_category_name((rm_category)c));
+  }
+  lua_setfield(L, -2, "step_by_category");
+  lua_createtable(L, 0, RM_CAT_COUNT);
+  for (int c = 0; c < RM_CAT_COUNT; c++) {
+    lua_pushinteger(L, (lua_Integer)sim.end_cat[c]);
+    lua_setfield(L, -2, rm_category_name((rm_category)c));
+  }
+  lua_setfield(L, -2, "end_by_category");
   if (sim.layers) {
     lua_createtable(L, sim.n, 0);
     for (int i = 0; i < sim.n; i++) {

@@ -215,7 +215,7 @@ end
 
 local m = remat.memory.stats()
 local cats = {}
-for _, c in ipairs { "param", "grad", "optim", "activation", "workspace", "temp" } do
+for _, c in ipairs { "param", "grad", "optim", "activation", "workspace", "temp", "data" } do
   cats[#cats + 1] = ("%s %s"):format(c, fmt(m.peak_by_category[c] or 0))
 end
 print("peak memory by category: " .. table.concat(cats, ", "))

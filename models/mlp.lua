@@ -185,7 +185,7 @@ print(("test accuracy %.2f%% after %d epochs (%.1f s of training, %.0f examples/
 
 local m = remat.memory.stats()
 local cats = {}
-for _, c in ipairs { "param", "grad", "optim", "activation", "workspace", "temp" } do
+for _, c in ipairs { "param", "grad", "optim", "activation", "workspace", "temp", "data" } do
   cats[#cats + 1] = ("%s %s"):format(c, fmt(m.peak_by_category[c] or 0))
 end
 print("peak memory by category: " .. table.concat(cats, ", "))

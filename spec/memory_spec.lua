@@ -30,7 +30,7 @@ describe("memory.stats", function()
     for _, k in ipairs({ "live", "peak", "tensors", "nodes", "allocs" }) do
       assert.is_number(s[k], k)
     end
-    for _, c in ipairs({ "param", "grad", "optim", "activation", "workspace", "temp" }) do
+    for _, c in ipairs({ "param", "grad", "optim", "activation", "workspace", "temp", "data" }) do
       assert.is_number(s.by_category[c], c)
       assert.is_number(s.peak_by_category[c], c)
     end

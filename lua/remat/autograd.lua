@@ -41,6 +41,10 @@ function memory.fail_at(k) C.fail_at(k) end
 -- Gives cached blocks back to the system (CPU or "cuda"); returns the bytes released.
 function memory.empty_cache(device) return C.empty_cache(device) end
 function memory.parse(s) return C.parse_bytes(s) end
+-- Whether a training step (a forward with grad, not nested in another) begins with a
+-- full collection of Lua's garbage (default true): without it, tensors of earlier steps
+-- held only by garbage handles count against the step's plan. Returns the old setting.
+function memory.step_collect(flag) return C.step_collect(flag) end
 
 -- "1.50 MiB" from bytes.
 function memory.format(b)

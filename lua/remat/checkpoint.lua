@@ -20,17 +20,55 @@ local function check_sequential(m, where)
   end
 end
 
+-- The optimizer of a model: opt when given, else the one that updates its first
+-- parameter (remat.optim keeps track), or nil.
+local function optimizer_of(model, opt)
+  if opt ~= nil then return opt end
+  local params = model:parameters()
+  return params[1] and remat.optim.owner_of(params[1]) or nil
+end
+
+-- The whole training step of a dry run sim: its peak over every category (forward,
+-- loss, backward with its gradients; the optimizer step updates in place) and the bytes
+-- by category there, with the state the optimizer has yet to make added: from its
+-- first step on, that lives through every step.
+local function whole_step(sim, opt)
+  local cats = {}
+  for k, v in pairs(sim.step_by_category) do cats[k] = v end
+  -- state the optimizer makes at its first step lives through every later step
+  local extra = opt and opt:step_bytes() or 0
+  cats.optim = cats.optim + extra
+  return sim.step_peak + extra, cats
+end
+
+-- What the memory limit of x's device allows the whole step (on CUDA without a limit:
+-- what the device has, reserved by remat or free), or nil.
+local function room_for(x)
+  local _, _, device = C.info(x)
+  local s = remat.memory.stats(device)
+  if s.limit then return s.limit end
+  if device == "cuda" then
+    local info = remat.cuda.info()
+    return s.reserved + info.free
+  end
+  return nil
+end
+
 -- The context a policy resolves in: dry-run measurements of the model on x.
-local function resolve_ctx(model, x, loss)
+local function resolve_ctx(model, x, loss, opt)
   local keep
+  opt = optimizer_of(model, opt)
   return {
     model = model,
     x = x,
+    optimizer = opt,
     keep_stats = function()
       keep = keep or C.plan_simulate(model, x, false, loss, true)
       return keep
     end,
     simulate = function(plan, want_layers) return C.plan_simulate(model, x, plan, loss, want_layers) end,
+    step_peak = function(sim) return (whole_step(sim, opt)) end,
+    room = function() return room_for(x) end,
   }
 end
 
@@ -77,12 +115,12 @@ function Module:checkpoint_policy()
 end
 
 -- Resolves a size-dependent policy for x (once per input signature) and installs it.
-local function prepare(model, x, loss)
+local function prepare(model, x, loss, opt)
   local st = state[model]
   if not st or not st.policy.needs_input then return st and st.plan end
   local sig = signature(x)
   if st.sig ~= sig then
-    local ok, plan = pcall(st.policy.resolve, #model, resolve_ctx(model, x, loss))
+    local ok, plan = pcall(st.policy.resolve, #model, resolve_ctx(model, x, loss, opt))
     if not ok then
       -- a failed policy does not stay installed: the model keeps everything again
       state[model] = nil
@@ -107,6 +145,7 @@ end
 
 local raw_forward = Module.forward
 function Module:forward(x)
+  C.step_begin()
   if state[self] and C.grad_enabled() then prepare(self, x) end
   return raw_forward(self, x)
 end
@@ -143,6 +182,11 @@ PlanReport.__tostring = function(r)
     r.flops > 0 and 100 * r.recompute_flops / r.flops or 0, fmt_flops(r.flops), fmt_flops(r.recompute_cost))
   lines[#lines + 1] = ("cost model: a replay costs its FLOPs + bytes moved x %g FLOP/byte (the device's balance);"):format(r.flops_per_byte)
   lines[#lines + 1] = "  peaks count bytes as the engine holds them (a budget plan's equals its dry run's)"
+  local parts = {}
+  for _, c in ipairs { "param", "grad", "optim", "activation", "workspace", "temp", "data" } do
+    if (r.step_by_category[c] or 0) > 0 then parts[#parts + 1] = c .. " " .. fmt(r.step_by_category[c]) end
+  end
+  lines[#lines + 1] = ("predicted whole-step peak: %s (%s)"):format(fmt(r.step_peak), table.concat(parts, ", "))
   return table.concat(lines, "\n")
 end
 
@@ -174,19 +218,24 @@ end
 -- The plan the model's policy (or opts.policy) gives for input x, with its predicted
 -- peak activation bytes and recompute FLOPs, from dry runs (nothing is computed).
 -- opts.loss: function(y) -> scalar loss used in the dry run (default: backward from y).
+-- opts.optimizer: the optimizer of the step (default: the one that updates the model's
+-- parameters, if any), for step_peak: the whole step's peak bytes, every category, and
+-- step_by_category, the bytes of each category at that peak.
 function Module:plan(x, opts)
   check_sequential(self, "plan")
   opts = opts or {}
   if type(opts) ~= "table" then error("plan: options must be a table", 2) end
   if not x then error("plan: needs an example input (model:plan(x))", 2) end
+  -- predicts a step, which begins with a collection: both dry runs below start clean
+  if C.step_collect() then collectgarbage() end
   local p, plan
   if opts.policy then
     p = as_policy(opts.policy, "plan")
-    plan = p.resolve(#self, resolve_ctx(self, x, opts.loss))
+    plan = p.resolve(#self, resolve_ctx(self, x, opts.loss, opts.optimizer))
   elseif state[self] then
     -- the plan training will use (resolved now for x when the policy needs sizes)
     p = state[self].policy
-    plan = prepare(self, x, opts.loss)
+    plan = prepare(self, x, opts.loss, opts.optimizer)
   else
     p = policy.none()
     plan = p.resolve(#self)
@@ -195,9 +244,11 @@ function Module:plan(x, opts)
   local keep = C.plan_simulate(self, x, false, opts.loss, true)
   local recomputes = recomputed_ops(self, x, opts.loss, plan, keep)
   local info = C.layer_info(self)
+  local step_peak, step_cats = whole_step(sim, optimizer_of(self, opts.optimizer))
   local report = setmetatable({ policy = tostring(p), layers = {}, predicted_peak = sim.peak,
     recompute_flops = sim.recompute_flops, recompute_cost = sim.recompute_cost, flops_per_byte = sim.flops_per_byte,
-    flops = sim.flops, keep_peak = keep.peak, base = sim.base }, PlanReport)
+    flops = sim.flops, keep_peak = keep.peak, base = sim.base,
+    step_peak = step_peak, step_by_category = step_cats }, PlanReport)
   for i, l in ipairs(sim.layers) do
     report.layers[i] = {
       index = i, name = info[i].describe, type = info[i].type, action = plan[i].action,

@@ -95,16 +95,16 @@ function Dataset:batches(batch_size, opts)
     if i > nb then return nil end
     local start = (i - 1) * bs + 1
     local count = math.min(bs, n - start + 1)
-    local xb = C.take_rows(x, perm, start, count)
-    local yb = y and C.take_rows(y, perm, start, count) or nil
+    local xb = C.take_rows(x, perm, start, count, "data")
+    local yb = y and C.take_rows(y, perm, start, count, "data") or nil
     return xb, yb, i
   end
 end
 
 -- The examples at 1-based positions idx (a table or tensor) as a new dataset's x, y.
 function Dataset:take(idx)
-  local xb = C.take_rows(self.x, idx)
-  return xb, self.y and C.take_rows(self.y, idx) or nil
+  local xb = C.take_rows(self.x, idx, nil, nil, "data")
+  return xb, self.y and C.take_rows(self.y, idx, nil, nil, "data") or nil
 end
 
 ---------------------------------------------------------------- Fashion-MNIST ----
@@ -152,7 +152,7 @@ function data.fashion_mnist(split, opts)
   if ws > 1 then
     local rows = {}
     for r = rank, (C.info(x))[1], ws do rows[#rows + 1] = r end
-    local xs, ys = C.take_rows(x, rows, 1, #rows, "temp"), C.take_rows(y, rows, 1, #rows, "temp")
+    local xs, ys = C.take_rows(x, rows, 1, #rows, "data"), C.take_rows(y, rows, 1, #rows, "data")
     C.free(x); C.free(y)
     x, y = xs, ys
   end
@@ -197,12 +197,12 @@ function data.text(path, opts)
       stoi[b] = #vocab
     end
   end
-  local all = C.encode_bytes(s, stoi, "temp")
+  local all = C.encode_bytes(s, stoi, "data")
   local n_val = math.floor(#s * vf)
   local n_train = #s - n_val
   local per = n_train // ws
-  local train = C.take_rows(all, nil, (rank - 1) * per + 1, per, "temp")
-  local val = C.take_rows(all, nil, n_train + 1, n_val, "temp")
+  local train = C.take_rows(all, nil, (rank - 1) * per + 1, per, "data")
+  local val = C.take_rows(all, nil, n_train + 1, n_val, "data")
   C.free(all)
   return setmetatable({
     path = path, block = block, vocab = vocab, vocab_size = #vocab, stoi = stoi,
@@ -252,9 +252,9 @@ function Text:batch(B, split)
   -- x and y (float32), the starts table and its scratch, checked before any is taken
   C.memory_room(2.0 * B * T * 4 + 24.0 * B, "batch")
   local starts = C.randint(L - T, B, "batch")
-  local x = C.take_rows(w, starts, 1, B)
+  local x = C.take_rows(w, starts, 1, B, "data")
   for k = 1, B do starts[k] = starts[k] + 1 end
-  local y = C.take_rows(w, starts, 1, B)
+  local y = C.take_rows(w, starts, 1, B, "data")
   return x, y
 end
 

@@ -199,6 +199,13 @@ function dist.DataParallel(model, opts)
   end
   ensure()
   local params = model:parameters()
+  for _, p in ipairs(params) do
+    local o = remat.optim.owner_of(p)
+    if o and o.in_backward then
+      fail(fn .. ": the model's parameters have an optimizer with in_backward = true, which would update them "
+        .. "before their gradients are averaged across ranks; use an ordinary optimizer")
+    end
+  end
   local total = 0
   for _, p in ipairs(params) do
     local shape, dtype = C.info(p)

@@ -109,9 +109,57 @@ Optimizer.__tostring = function(o)
   return ("%s(%d parameters; %s)"):format(o.kind, #o.params, table.concat(keys, ", "))
 end
 
+-- Which optimizer updates a parameter (keyed by C.tensor_id; the latest made wins):
+-- the whole-step planner asks it what an optimizer step adds, and the fused hook finds
+-- the optimizer to run. Weak values: a dropped optimizer stops counting.
+local owner = setmetatable({}, { __mode = "v" })
+
 local function new(kind, params, o, hyper)
+  local in_backward = o.in_backward
+  if in_backward ~= nil and type(in_backward) ~= "boolean" then
+    fail(("optim.%s: in_backward must be a boolean, got %s"):format(kind, describe(in_backward)))
+  end
+  o.in_backward = in_backward or false
   o.kind, o.params, o.state, o.hyper, o.steps = kind, params, {}, hyper, 0
+  o.index = {}
+  for i, p in ipairs(params) do o.index[C.tensor_id(p)] = i end
   return setmetatable(o, Optimizer)
+end
+
+-- Registers opt as the owner of its parameters (once its update functions exist).
+local function register(o)
+  for _, p in ipairs(o.params) do owner[C.tensor_id(p)] = o end
+  if o.in_backward then
+    -- state made now, so that backward only updates and the planner sees it live
+    if o._prepare then
+      for i, p in ipairs(o.params) do o:_prepare(i, p) end
+    end
+    optim._install_fused()
+  end
+  return o
+end
+
+-- The optimizer that updates parameter p, or nil.
+function optim.owner_of(p) return owner[C.tensor_id(p)] end
+
+-- Bytes of p's elements at dtype (p's own when nil).
+local function nbytes(p, dtype)
+  local shape, pdtype = C.info(p)
+  dtype = dtype or pdtype
+  local n = dtype == "float64" and 8 or (dtype == "float32" and 4 or 2)
+  for _, d in ipairs(shape) do n = n * d end
+  return n
+end
+
+-- Bytes an opt:step() adds to what lives when backward ends: state not made yet (made
+-- at a parameter's first update: buffers, and a bfloat16 parameter's float32 master)
+-- and temporaries (none: updates run in place, and gradients are contiguous). 0 for an
+-- optimizer fused into backward (its state is made with it).
+function Optimizer:step_bytes()
+  if self.in_backward then return 0 end
+  local n = 0
+  for i, p in ipairs(self.params) do n = n + self:_missing_bytes(i, p) end
+  return n
 end
 
 -- Mixed precision: a bfloat16 parameter trains through a float32 master copy, with
@@ -168,13 +216,15 @@ function Optimizer:check()
   return self
 end
 
--- One update of every parameter that has a gradient. Atomic: what the step allocates
+-- One update of every parameter that has a gradient (with in_backward: nothing, the
+-- updates ran during backward; the hyperparameters are checked). Atomic: what the step allocates
 -- (contiguous gradients, state made at a parameter's first step) comes first, so that
 -- running out of memory leaves parameters, state and step counts as they were and a
 -- retry applies each update once.
 function Optimizer:step()
   if getmetatable(self) ~= Optimizer then fail("opt:step: call it with a colon (opt:step()), got " .. describe(self)) end
   self:check()
+  if self.in_backward then return end -- the updates ran during backward
   local todo, fresh = {}, {}
   local ok, err = pcall(function()
     for i, p in ipairs(self.params) do
@@ -293,7 +343,8 @@ end
 function optim.SGD(params, opts)
   local fn = "optim.SGD"
   params = check_params(fn, params)
-  local o = read_opts(fn, opts, { lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false })
+  local o = read_opts(fn, opts, { lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false },
+    { in_backward = true })
   check_number(fn, o, "lr", 0)
   check_number(fn, o, "momentum", 0)
   check_number(fn, o, "dampening")
@@ -333,7 +384,15 @@ function optim.SGD(params, opts)
     C.op_into("sgd_step", attrs, { w, g, b }, { w, b })
     store_master(p, w)
   end
-  return self
+  self._missing_bytes = function(s, i, p)
+    local st = s.state[i] or {}
+    local f32 = low_precision(p) and "float32" or nil
+    local n = 0
+    if s.momentum ~= 0 and not st.momentum_buffer then n = n + nbytes(p, f32) end
+    if f32 and not st.master then n = n + nbytes(p, f32) end
+    return n
+  end
+  return register(self)
 end
 
 ---------------------------------------------------------------- Adam / AdamW ----
@@ -343,7 +402,7 @@ local function adam(kind, decoupled, default_wd)
   return function(params, opts)
     params = check_params(fn, params)
     local o = read_opts(fn, opts, { lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = default_wd },
-      { amsgrad = true })
+      { amsgrad = true, in_backward = true })
     if o.amsgrad then fail(fn .. ": amsgrad is not supported") end
     o.amsgrad = nil
     check_number(fn, o, "lr", 0)
@@ -371,6 +430,13 @@ local function adam(kind, decoupled, default_wd)
       }, { w, g, m, v }, { w, m, v })
       store_master(p, w)
     end
+    self._missing_bytes = function(s, i, p)
+      local st = s.state[i]
+      local f32 = low_precision(p) and "float32" or nil
+      local n = st and 0 or 2 * nbytes(p, f32)
+      if f32 and not (st and st.master) then n = n + nbytes(p, f32) end
+      return n
+    end
     self.check = function(s)
       Optimizer.check(s)
       check_number(fn, s, "eps", 0)
@@ -378,7 +444,7 @@ local function adam(kind, decoupled, default_wd)
       s.betas = check_betas(fn, s.betas)
       return s
     end
-    return self
+    return register(self)
   end
 end
 
@@ -388,6 +454,37 @@ optim.Adam = adam("Adam", false, 0)
 -- optim.AdamW(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8, weight_decay = 0.01}):
 -- decoupled weight decay (the parameter shrinks by lr * weight_decay).
 optim.AdamW = adam("AdamW", true, 0.01)
+
+---------------------------------------------------------------- fused into backward ----
+
+-- Called by the context's grad_ready hook (lua/loptim.c) as soon as a leaf's gradient
+-- is final during backward: when a fused optimizer owns the leaf, the parameter is
+-- updated and its gradient freed at once, so gradients of the whole model never
+-- coexist. In a planning dry run the gradient is only freed (nothing is computed).
+local function fused_dispatch(id, dry)
+  local o = owner[id]
+  if not o or not o.in_backward then return end
+  local i = o.index[id]
+  local p = o.params[i]
+  if not dry then
+    o:check()
+    local g = grad_of(p)
+    if g then
+      local ok, err = pcall(function()
+        if o._prepare then o:_prepare(i, p) end
+        o._update(o, i, p, g)
+      end)
+      C.free(g)
+      if not ok then C.set_grad(p, nil); error(err, 0) end
+      o._updates = o._updates or {}
+      o._updates[i] = (o._updates[i] or 0) + 1
+      if o._updates[i] > o.steps then o.steps = o._updates[i] end
+    end
+  end
+  C.set_grad(p, nil)
+end
+
+function optim._install_fused() C.fused_hook(fused_dispatch) end
 
 ---------------------------------------------------------------- gradient clipping ----
 
@@ -399,6 +496,13 @@ function optim.clip_grad_norm(params, max_norm)
   local fn = "optim.clip_grad_norm"
   if is_tensor(params) then params = { params } end
   params = check_params(fn, params)
+  for _, p in ipairs(params) do
+    local o = owner[C.tensor_id(p)]
+    if o and o.in_backward then
+      fail(fn .. ": a parameter belongs to an optimizer with in_backward = true, which applies and frees each "
+        .. "gradient during backward, before the norm over all of them is known; clip without in_backward")
+    end
+  end
   if type(max_norm) ~= "number" or not (max_norm >= 0) then
     fail(("%s: max_norm must be a number >= 0, got %s"):format(fn, describe(max_norm)))
   end

@@ -91,9 +91,6 @@ end
 policy.cheap_ops = { "softmax", "log_softmax", "gelu", "silu", "relu", "sigmoid", "tanh", "dropout" }
 
 local function parse_budget(b)
-  if b == nil then
-    error("policy.budget: expected a budget such as '2GiB' or a number of bytes, got nothing", 3)
-  end
   local bytes = C.parse_bytes(b)
   if not bytes then
     error(("policy.budget: cannot read %s as a size (examples: 2GiB, 512MiB, 1e9)"):format(
@@ -108,19 +105,37 @@ local function plan_of(actions, ops)
   return plan
 end
 
--- The plan with the least recompute whose activation peak is <= b (bytes or "2GiB").
+-- With a size b (bytes or "2GiB"): the plan with the least recompute whose activation
+-- peak is <= b. With no argument: the plan with the least recompute whose whole
+-- training step (forward, loss, backward with its gradients, the optimizer step with
+-- its state; parameters, data and everything else live) fits in what the memory limit
+-- of the input's device allows (on CUDA without a limit: what the device has).
 -- Recompute is priced as a roofline: FLOPs + bytes moved x the device's FLOPs per byte,
 -- so memory-bound ops (softmax, gelu, dropout) are not taken for free. The DP's memory
 -- model is the engine's (core/chain_dp.c): its plan's peak is the dry run's, so one
--- simulation verifies it.
+-- simulation verifies it. For the whole step, the DP budgets activations with what the
+-- rest of the step holds at keep-everything's peak set aside; the simulation of the
+-- whole step is the truth, and the DP's budget is tightened by what a plan overshoots.
 function policy.budget(b)
-  local bytes = parse_budget(b)
-  return new(("budget(%s)"):format(remat.memory.format(bytes)), {
+  local whole = b == nil
+  local bytes = not whole and parse_budget(b) or nil
+  return new(whole and "budget()" or ("budget(%s)"):format(remat.memory.format(bytes)), {
     bytes = bytes,
+    whole_step = whole,
     needs_input = true,
     resolve = function(n, ctx)
+      local limit, peak_of = bytes, function(sim) return sim.peak end
+      if whole then
+        limit = ctx.room()
+        if not limit then
+          error("policy.budget(): no memory limit is set for the step to fit in; set one with "
+            .. "remat.memory.limit(\"1GiB\"), or give an activation budget: policy.budget(\"512MiB\")", 0)
+        end
+        peak_of = ctx.step_peak
+      end
       local keep = ctx.keep_stats()
-      if keep.peak <= bytes then return uniform(n, "keep") end
+      local keep_peak = peak_of(keep)
+      if keep_peak <= limit then return uniform(n, "keep") end
       local ops = {}
       local set = known_ops()
       for _, op in ipairs(policy.cheap_ops) do if set[op] then ops[#ops + 1] = op end end
@@ -134,25 +149,32 @@ function policy.budget(b)
       end
       if again then sel = ctx.simulate(selplan, true) end
       local chain = C.chain_from_sims(keep, sel)
-      local actions = C.chain_optimal(chain, bytes - keep.base)
-      if actions then
+      local m = limit - (keep_peak - keep.peak) - keep.base
+      local actions = C.chain_optimal(chain, m)
+      local first = actions
+      for _ = 1, whole and 8 or 1 do
+        if not actions then break end
         local plan = plan_of(actions, ops)
-        if ctx.simulate(plan).peak <= bytes then return plan end
+        local over = peak_of(ctx.simulate(plan)) - limit
+        if over <= 0 then return plan end
+        m = m - over - 1
+        actions = C.chain_optimal(chain, m)
       end
-      -- The model and the dry run disagree (a layer the model does not describe):
-      -- DP plans over a sweep of modelled budgets and every(k); the fitting one with the
-      -- least recompute wins.
+      -- The model and the dry run disagree (a layer the model does not describe, or the
+      -- rest of the step at another moment): DP plans over a sweep of modelled budgets
+      -- and every(k); the fitting one with the least recompute wins.
       local best, best_cost, smallest = nil, math.huge, math.huge
       local function try(plan)
         local sim = ctx.simulate(plan)
-        smallest = math.min(smallest, sim.peak)
-        if sim.peak <= bytes and sim.recompute_cost < best_cost then
+        local peak = peak_of(sim)
+        smallest = math.min(smallest, peak)
+        if peak <= limit and sim.recompute_cost < best_cost then
           best, best_cost = plan, sim.recompute_cost
         end
       end
       local _, min_actions = C.chain_min_peak(chain)
       try(plan_of(min_actions, ops))
-      if actions then
+      if first or whole then
         local hi = keep.peak - keep.base
         for i = 0, 23 do
           local a = C.chain_optimal(chain, hi * (0.85 ^ i))
@@ -162,6 +184,10 @@ function policy.budget(b)
         try(policy.sqrt().resolve(n))
       end
       if best then return best end
+      if whole then
+        error(("policy.budget(): no plan fits the whole step in %s; the smallest step needs %s (%s more)"):format(
+          remat.memory.format(limit), remat.memory.format(smallest), remat.memory.format(smallest - limit)), 0)
+      end
       error(("policy.budget: no plan keeps activations within %s; the smallest that fits needs %s (policy.budget(%d))"):format(
         remat.memory.format(bytes), remat.memory.format(smallest), smallest), 0)
     end,

@@ -103,6 +103,10 @@ local function standard_loop(fn, o)
   if math.type(mb) ~= "integer" or mb < 1 then
     fail(("%s: micro_batches must be a positive integer, got %s"):format(fn, tostring(mb)))
   end
+  if mb > 1 and type(opt) == "table" and opt.in_backward then
+    fail(fn .. ": micro_batches (gradient accumulation) needs every micro-batch's gradient before the update; "
+      .. "an optimizer with in_backward = true updates during each backward")
+  end
   local next_batch, owned = batch_source(fn, o)
 
   local function zero()
