@@ -78,35 +78,35 @@ local function setup(m, row)
   opt:zero_grad()
   x, y = nil, nil
   settle()
-  model:checkpoint(row.pol())
   return model, opt
 end
 
 -- Whether batch b fits under the limit, by a dry run of the whole step.
-local function fits(m, model, opt, limit, b)
+local function fits(m, row, model, opt, limit, b)
   local x, y = batch(m, b)
   remat.memory.limit(limit)
   local ok, plan = pcall(model.plan, model, x, { loss = function(out) return nn.cross_entropy(out, y) end,
-    optimizer = opt })
+    optimizer = opt, policy = row.pol() })
   remat.memory.limit(nil)
   x:free(); y:free()
   return ok and plan.step_peak <= limit
 end
 
-local function largest(m, model, opt, limit)
+local function largest(m, row, model, opt, limit)
   local lo, hi = 0, 16
-  while fits(m, model, opt, limit, hi) do lo, hi = hi, hi * 2 end
+  while fits(m, row, model, opt, limit, hi) do lo, hi = hi, hi * 2 end
   while hi - lo > 16 do
     local mid = (lo + hi) // 2 // 16 * 16
-    if fits(m, model, opt, limit, mid) then lo = mid else hi = mid end
+    if fits(m, row, model, opt, limit, mid) then lo = mid else hi = mid end
   end
   return lo
 end
 
 -- Seconds per step over `steps` steps at batch b under the limit (after one untimed
 -- step), or nil and the error when a step does not fit.
-local function run(m, model, opt, limit, b, steps)
+local function run(m, row, model, opt, limit, b, steps)
   settle()
+  model:checkpoint(row.pol())
   local x, y = batch(m, b)
   remat.memory.limit(limit)
   local ok, res = pcall(function()
@@ -118,7 +118,7 @@ local function run(m, model, opt, limit, b, steps)
       opt:step()
       opt:zero_grad()
     end
-    return (remat.now() - t0) / steps
+    return steps > 0 and (remat.now() - t0) / steps or 0
   end)
   remat.memory.limit(nil)
   opt:zero_grad()
@@ -156,15 +156,15 @@ for _, m in ipairs(MODELS) do
     local rows = {}
     for r, row in ipairs(ROWS) do
       local model, opt = setup(m, row)
-      local b = largest(m, model, opt, limit)
+      local b = largest(m, row, model, opt, limit)
       local ok, err = true, nil
-      if b > 0 then ok, err = run(m, model, opt, limit, b, 0) end
+      if b > 0 then ok, err = run(m, row, model, opt, limit, b, 0) end
       rows[r] = { row = row, model = model, opt = opt, batch = b, eps = {}, err = not ok and err or nil }
     end
     for _ = 1, o.rounds do
       for _, r in ipairs(rows) do
         if r.batch > 0 and not r.err then
-          local s, err = run(m, r.model, r.opt, limit, r.batch, o.steps)
+          local s, err = run(m, r.row, r.model, r.opt, limit, r.batch, o.steps)
           if s then r.eps[#r.eps + 1] = r.batch / s else r.err = err end
         end
       end
