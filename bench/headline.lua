@@ -31,12 +31,12 @@ do
 end
 
 local MODELS = {
-  { name = "activations", limit = "96MiB", blocks = 16, width = 128, input = 128,
+  { name = "activations", limit = "48MiB", blocks = 16, width = 128, input = 128,
     opt = function(p, fused) return optim.AdamW(p, { lr = 1e-3, in_backward = fused }) end,
     what = "16-block residual MLP, width 128 (hidden 512), AdamW" },
-  { name = "parameters", limit = "64MiB", blocks = 8, width = 320, input = 64,
+  { name = "parameters", limit = "32MiB", blocks = 16, width = 160, input = 64,
     opt = function(p, fused) return optim.SGD(p, { lr = 1e-2, in_backward = fused }) end,
-    what = "8-block residual MLP, width 320 (hidden 1280), SGD" },
+    what = "16-block residual MLP, width 160 (hidden 640), SGD" },
 }
 local classes = 10
 
@@ -153,18 +153,20 @@ for _, m in ipairs(MODELS) do
     probe = nil
     print(("\n%s: %s; limit %s for everything; parameters + gradients %s (%.0f%% of the limit)"):format(
       m.name, m.what, fmt(limit), fmt(2 * pbytes), 100 * 2 * pbytes / limit))
+    -- one model lives at a time: each run sets up its own (the limit is for one)
     local rows = {}
     for r, row in ipairs(ROWS) do
       local model, opt = setup(m, row)
       local b = largest(m, row, model, opt, limit)
       local ok, err = true, nil
       if b > 0 then ok, err = run(m, row, model, opt, limit, b, 0) end
-      rows[r] = { row = row, model = model, opt = opt, batch = b, eps = {}, err = not ok and err or nil }
+      rows[r] = { row = row, batch = b, eps = {}, err = not ok and err or nil }
     end
     for _ = 1, o.rounds do
       for _, r in ipairs(rows) do
         if r.batch > 0 and not r.err then
-          local s, err = run(m, r.row, r.model, r.opt, limit, r.batch, o.steps)
+          local model, opt = setup(m, r.row)
+          local s, err = run(m, r.row, model, opt, limit, r.batch, o.steps)
           if s then r.eps[#r.eps + 1] = r.batch / s else r.err = err end
         end
       end
