@@ -92,27 +92,22 @@ static int l_tensor_id(lua_State *L) {
 }
 
 /* ---- optimizers fused into backward ----
- * One hook per context on ctx->grad_ready calls a Lua dispatcher (remat.optim's) with
- * the leaf whose gradient just became final and whether this is a planning dry run; the
- * dispatcher updates the parameter and frees its gradient when a fused optimizer owns
- * it. The hook chains to the one it replaced. */
+ * One subscriber per context to RM_HOOK_GRAD_READY calls a Lua dispatcher (remat.optim's)
+ * with the leaf whose gradient just became final and whether this is a planning dry run;
+ * the dispatcher updates the parameter and frees its gradient when a fused optimizer
+ * owns it. */
 typedef struct fused_hook {
   rm_ctx *ctx;
   lua_State *main;
   int fn_ref;                                       /* the dispatcher */
-  int (*prev)(rm_ctx *, rm_tensor *, void *);
-  void *prev_ud;
   bool hooked;
 } fused_hook;
 
 static const char FUSED_KEY = 'f';
 
-static int on_grad_ready(rm_ctx *ctx, rm_tensor *leaf, void *ud) {
+static int on_grad_ready(rm_ctx *ctx, const rm_event *ev, void *ud) {
   fused_hook *h = ud;
-  if (h->prev) {
-    int rc = h->prev(ctx, leaf, h->prev_ud);
-    if (rc) return rc;
-  }
+  rm_tensor *leaf = ev->tensor;
   lua_State *L = rm_lua_nn_current(h->main);
   if (!L) L = h->main;
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->fn_ref);
@@ -129,10 +124,7 @@ static int on_grad_ready(rm_ctx *ctx, rm_tensor *leaf, void *ud) {
 
 static int fused_gc(lua_State *L) {
   fused_hook *h = lua_touserdata(L, 1);
-  if (h->hooked && h->ctx->grad_ready == on_grad_ready && h->ctx->grad_ready_ud == h) {
-    h->ctx->grad_ready = h->prev;
-    h->ctx->grad_ready_ud = h->prev_ud;
-  }
+  if (h->hooked) rm_hook_remove(h->ctx, RM_HOOK_GRAD_READY, on_grad_ready, h);
   h->hooked = false;
   return 0;
 }
@@ -158,10 +150,7 @@ static int l_fused_hook(lua_State *L) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
     h->main = lua_tothread(L, -1);
     lua_pop(L, 1);
-    h->prev = ctx->grad_ready;
-    h->prev_ud = ctx->grad_ready_ud;
-    ctx->grad_ready = on_grad_ready;
-    ctx->grad_ready_ud = h;
+    if (rm_hook_add(ctx, RM_HOOK_GRAD_READY, on_grad_ready, h) != RM_OK) return rm_lua_fail(L, "optim");
     h->hooked = true;
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &FUSED_KEY);
