@@ -514,15 +514,24 @@ static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
   const rm_op_def *def = op_table[n->op];
   bool fresh[RM_MAX_INPUTS] = { 0 };
   int rc = RM_OK;
-  for (int i = 0; i < n->nin; i++) {
-    fresh[i] = n->in[i]->storage == NULL;
-    if ((rc = rm_tensor_data_ready(ctx, n->in[i]))) return rc;
+  /* each input is pinned once ready: rebuilding a later input replays ops that may
+   * otherwise evict an earlier one whose last use has passed (x in sub(x, mean(x))) */
+  int ready = 0;
+  for (; ready < n->nin; ready++) {
+    fresh[ready] = n->in[ready]->storage == NULL;
+    if ((rc = rm_tensor_data_ready(ctx, n->in[ready]))) break;
+    n->in[ready]->pins++;
+  }
+  if (rc) {
+    for (int i = 0; i < ready; i++) n->in[i]->pins--;
+    return rc;
   }
   rm_tensor *outs[RM_MAX_OUTPUTS];
   rm_scope sc;
   rm_scope_enter(ctx, &sc, RM_CAT_ACTIVATION, RM_GRAD_OFF);
   rc = op_exec(ctx, n->op, n->nin, n->in, &n->attrs, outs);
   rm_scope_leave(ctx, &sc);
+  for (int i = 0; i < n->nin; i++) n->in[i]->pins--;
   if (rc) return rc;
   rm_meta meta[RM_MAX_OUTPUTS];
   for (int j = 0; j < def->nout; j++) rm_tensor_meta(outs[j], &meta[j]);

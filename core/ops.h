@@ -55,6 +55,10 @@ rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim);
 /* order statistics and scans (op_sort.c) */
 rm_tensor *rm_cumsum(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool reverse);
 
+/* sliding windows (op_conv.c): geometry = { kh, kw, sh, sw, ph, pw, dh, dw };
+ * (B, C, H, W) -> (B, C*kh*kw, Ho*Wo), pad_value where a window reads padding */
+rm_tensor *rm_unfold(rm_ctx *ctx, rm_tensor *x, const int64_t geometry[8], double pad_value);
+
 /* matrix products (op_matmul.c) */
 rm_tensor *rm_matmul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b); /* 2-D, batched, broadcast batch */
 rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* x w^T + b; b may be NULL */

@@ -5,7 +5,7 @@ local remat = require "remat"
 local kit = require "support.kit"
 local C = remat._C
 
-local families = { "elementwise", "random", "view", "reduce", "matmul", "norm", "index", "loss", "optim", "attention", "sort" }
+local families = { "elementwise", "random", "view", "reduce", "matmul", "norm", "index", "loss", "optim", "attention", "sort", "conv" }
 
 local function load_cases(K)
   local all = {}

@@ -17,6 +17,7 @@
 #define KERNEL_optim KERNEL_ANY
 #define KERNEL_attention KERNEL_ANY
 #define KERNEL_sort KERNEL_ANY
+#define KERNEL_conv KERNEL_ANY
 #define DECL_view(ID, name)
 #define DECL_ANY(ID, name) RM_CPU_KERNEL(name);
 #define DECL_elementwise DECL_ANY
@@ -29,6 +30,7 @@
 #define DECL_optim DECL_ANY
 #define DECL_attention DECL_ANY
 #define DECL_sort DECL_ANY
+#define DECL_conv DECL_ANY
 
 #define X(ID, name, family) DECL_##family(ID, name)
 #include "../../core/ops.def"

@@ -32,6 +32,7 @@
 #define CU_FAMILY_optim CU_FAMILY_ANY
 #define CU_FAMILY_attention CU_FAMILY_ANY
 #define CU_FAMILY_sort CU_FAMILY_ANY
+#define CU_FAMILY_conv CU_FAMILY_ANY
 
 #define X(ID, name, family) CU_FAMILY_##family(RM_CUDA_KERNEL(name);)
 #include "../../core/ops.def"

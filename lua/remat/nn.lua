@@ -210,7 +210,8 @@ local function label(m)
   local kind, desc = C.module_info(m)
   if kind == "Lua" then
     local f = m.name
-    return (type(f) == "string" and f or "Lua") .. "()"
+    if type(f) ~= "string" then return "Lua()" end
+    return f:find("(", 1, true) and f or f .. "()"
   end
   return desc
 end

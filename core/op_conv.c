@@ -1,0 +1,105 @@
+/* Sliding windows over images: unfold (im2col) and its adjoint fold (col2im). Conv2d,
+ * MaxPool2d and AvgPool2d (lua/remat/nn.lua) are built from unfold and a GEMM, a max
+ * or a mean, so each has one kernel per backend and a backward for free.
+ *
+ * Attrs of both (8 geometry values in the shape slots, ndim = 8):
+ *   shape = { kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w }
+ *   unfold(x)   x (B, C, H, W) -> (B, C*kh*kw, Ho*Wo); row c*kh*kw + i*kw + j holds
+ *               x[b, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (f[0] where that falls
+ *               in the padding: 0 for convolutions, -inf for max pooling)
+ *               Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1, likewise Wo
+ *   fold(cols)  (internal) cols (B, C*kh*kw, Ho*Wo) -> (B, C, H, W), i[0] = H, i[1] = W:
+ *               each input pixel sums the window entries that read it (padding drops) */
+#include <string.h>
+
+#include "ops.h"
+
+typedef struct { int64_t kh, kw, sh, sw, ph, pw, dh, dw; } geo;
+
+static int read_geo(rm_ctx *ctx, const char *op, const rm_attrs *a, geo *g) {
+  if (a->ndim != 8) return rm_fail(ctx, RM_ERR_ARG, "%s: expected 8 geometry values, got %d", op, a->ndim);
+  *g = (geo){ a->shape[0], a->shape[1], a->shape[2], a->shape[3], a->shape[4], a->shape[5], a->shape[6], a->shape[7] };
+  if (g->kh < 1 || g->kw < 1 || g->sh < 1 || g->sw < 1 || g->dh < 1 || g->dw < 1 || g->ph < 0 || g->pw < 0)
+    return rm_fail(ctx, RM_ERR_ARG, "%s: kernel %lldx%lld, stride %lldx%lld and dilation %lldx%lld must be >= 1, padding %lldx%lld >= 0",
+                   op, (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw,
+                   (long long)g->dh, (long long)g->dw, (long long)g->ph, (long long)g->pw);
+  return RM_OK;
+}
+
+/* Output size of one spatial dim; < 1 when the window does not fit. */
+static int64_t out_size(int64_t n, int64_t k, int64_t s, int64_t p, int64_t d) {
+  int64_t span = n + 2 * p - d * (k - 1) - 1;
+  return span < 0 ? 0 : span / s + 1;
+}
+
+static int unfold_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  rm_tensor *x = in[0];
+  geo g;
+  if (read_geo(ctx, "unfold", a, &g)) return ctx->err_code;
+  char s[96];
+  if (x->ndim != 4)
+    return rm_fail(ctx, RM_ERR_SHAPE, "unfold: expected a 4-d input (batch, channels, height, width), got %s",
+                   rm_tensor_shape_str(x, s, sizeof s));
+  int64_t ho = out_size(x->shape[2], g.kh, g.sh, g.ph, g.dh), wo = out_size(x->shape[3], g.kw, g.sw, g.pw, g.dw);
+  if (ho < 1 || wo < 1)
+    return rm_fail(ctx, RM_ERR_SHAPE, "unfold: a %lldx%lld window (dilation %lldx%lld, padding %lldx%lld) does not fit in a %lldx%lld image",
+                   (long long)g.kh, (long long)g.kw, (long long)g.dh, (long long)g.dw, (long long)g.ph,
+                   (long long)g.pw, (long long)x->shape[2], (long long)x->shape[3]);
+  out[0].dtype = x->dtype;
+  out[0].device = x->device;
+  out[0].ndim = 3;
+  out[0].shape[0] = x->shape[0];
+  out[0].shape[1] = x->shape[1] * g.kh * g.kw;
+  out[0].shape[2] = ho * wo;
+  return RM_OK;
+}
+
+static int fold_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  (void)nin;
+  rm_tensor *c = in[0];
+  geo g;
+  if (read_geo(ctx, "fold", a, &g)) return ctx->err_code;
+  int64_t h = a->i[0], w = a->i[1], k = g.kh * g.kw;
+  int64_t ho = out_size(h, g.kh, g.sh, g.ph, g.dh), wo = out_size(w, g.kw, g.sw, g.pw, g.dw);
+  char s[96];
+  if (c->ndim != 3 || c->shape[1] % k || c->shape[2] != ho * wo || h < 1 || w < 1)
+    return rm_fail(ctx, RM_ERR_SHAPE, "fold: columns of size %s do not match a %lldx%lld image and a %lldx%lld window",
+                   rm_tensor_shape_str(c, s, sizeof s), (long long)h, (long long)w, (long long)g.kh, (long long)g.kw);
+  out[0].dtype = c->dtype;
+  out[0].device = c->device;
+  out[0].ndim = 4;
+  out[0].shape[0] = c->shape[0];
+  out[0].shape[1] = c->shape[1] / k;
+  out[0].shape[2] = h;
+  out[0].shape[3] = w;
+  return RM_OK;
+}
+
+static int unfold_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_attrs at = n->attrs;
+  at.i[0] = n->in[0]->shape[2];
+  at.i[1] = n->in[0]->shape[3];
+  gin[0] = rm_op1(ctx, RM_OP_FOLD, 1, g, &at);
+  return gin[0] ? RM_OK : ctx->err_code;
+}
+
+/* Data movement: one load and store per output element. */
+static double move_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)nin; (void)in; (void)a; (void)out;
+  return 0;
+}
+
+rm_tensor *rm_unfold(rm_ctx *ctx, rm_tensor *x, const int64_t geometry[8], double pad_value) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.ndim = 8;
+  memcpy(at.shape, geometry, sizeof(int64_t) * 8);
+  at.f[0] = pad_value;
+  return rm_op1(ctx, RM_OP_UNFOLD, 1, &x, &at);
+}
+
+const rm_op_def rm_opdef_unfold = { .name = "unfold", .nin = 1, .nout = 1, .nvis = 1,
+  .infer = unfold_infer, .backward = unfold_backward, .flops = move_flops };
+const rm_op_def rm_opdef_fold = { .name = "fold", .nin = 1, .nout = 1, .nvis = 1,
+  .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL, .infer = fold_infer, .flops = move_flops };
