@@ -126,11 +126,12 @@ test:
 
 build-for-test: all examples
 
-# ARGS: the model's flags (make run ARGS=--quick).
+# MODEL: which models/<MODEL>.lua (mlp, cnn, gpt); ARGS: its flags (make run MODEL=cnn ARGS=--quick).
+MODEL ?= mlp
 run:
 	@$(MAKE) --no-print-directory deps
 	@$(MAKE) --no-print-directory all
-	$(BUILD)/remat models/mlp.lua $(ARGS)
+	$(BUILD)/remat models/$(MODEL).lua $(ARGS)
 
 # check-mem: the in-process specs under ASan/UBSan/LSan (specs that start other programs,
 # tagged subprocess, would run those under the preloaded runtime too; valgrind runs them).

@@ -23,12 +23,15 @@
 #define ULL(x) ((unsigned long long)(x))
 
 /* Every dtype the format defines, so that a file using one remat cannot hold gets
- * "cannot load dtype I64" rather than "unknown dtype". remat: the dtype it loads as. */
+ * "cannot load dtype F8_E4M3" rather than "unknown dtype". remat: the dtype it loads
+ * as. Integers and booleans (labels, token ids, masks written by PyTorch or NumPy) load
+ * as float64, remat's index values: exact up to 2^53, and a 64-bit value beyond that
+ * is an error rather than a rounded index. */
 static const struct { const char *name; unsigned size; int remat; } st_dtypes[] = {
   { "F32", 4, RM_F32 }, { "F64", 8, RM_F64 }, { "BF16", 2, RM_F32 }, { "F16", 2, RM_F32 },
-  { "I64", 8, -1 }, { "I32", 4, -1 }, { "I16", 2, -1 }, { "I8", 1, -1 },
-  { "U64", 8, -1 }, { "U32", 4, -1 }, { "U16", 2, -1 }, { "U8", 1, -1 },
-  { "BOOL", 1, -1 }, { "F8_E4M3", 1, -1 }, { "F8_E5M2", 1, -1 }, { "C64", 8, -1 },
+  { "I64", 8, RM_F64 }, { "I32", 4, RM_F64 }, { "I16", 2, RM_F64 }, { "I8", 1, RM_F64 },
+  { "U64", 8, RM_F64 }, { "U32", 4, RM_F64 }, { "U16", 2, RM_F64 }, { "U8", 1, RM_F64 },
+  { "BOOL", 1, RM_F64 }, { "F8_E4M3", 1, -1 }, { "F8_E5M2", 1, -1 }, { "C64", 8, -1 },
 };
 #define N_ST_DTYPES ((int)(sizeof st_dtypes / sizeof st_dtypes[0]))
 
@@ -528,7 +531,7 @@ static int check_layout(rm_ctx *ctx, const char *path, st_priv *pv, uint64_t len
   for (int i = 0; i < n; i++) {
     const st_entry *e = &pv->ent[i];
     if (st_dtypes[e->dt].remat < 0)
-      return rm_fail(ctx, RM_ERR_DTYPE, "%s: tensor '%s' has dtype %s, which remat cannot load (F32, F64, F16, BF16)",
+      return rm_fail(ctx, RM_ERR_DTYPE, "%s: tensor '%s' has dtype %s, which remat cannot load (F32, F64, F16, BF16, integers, BOOL)",
                      path, e->name, st_dtypes[e->dt].name);
   }
   return RM_OK;
@@ -554,6 +557,48 @@ static float bf16_to_float(uint16_t h) {
   return f;
 }
 
+/* Reads an integer or boolean entry (little-endian) into t's float64 values. */
+static int read_integers(rm_ctx *ctx, FILE *f, const char *path, const st_entry *e, rm_tensor *t,
+                         uint16_t *chunk) {
+  const char *dt = st_dtypes[e->dt].name;
+  unsigned size = st_dtypes[e->dt].size;
+  bool is_signed = dt[0] == 'I';
+  unsigned char *buf = (unsigned char *)chunk;
+  double *dst = rm_tensor_ptr(t);
+  uint64_t n = (e->end - e->begin) / size, done = 0, per = CHUNK_BYTES / size;
+  const double exact = 9007199254740992.0; /* 2^53 */
+  while (done < n) {
+    size_t k = (size_t)(n - done < per ? n - done : per);
+    if (fread(buf, size, k, f) != k)
+      return rm_fail(ctx, RM_ERR_IO, "%s: the file ended inside tensor '%s' (did it change while loading?)",
+                     path, e->name);
+    for (size_t i = 0; i < k; i++) {
+      uint64_t u = 0;
+      for (unsigned b = 0; b < size; b++) u |= (uint64_t)buf[i * size + b] << (8 * b);
+      double v;
+      if (is_signed) {
+        /* sign-extend from size bytes */
+        uint64_t sign = (uint64_t)1 << (8 * size - 1);
+        int64_t sv = size == 8 ? (int64_t)u : (int64_t)((u ^ sign) - sign);
+        v = (double)sv;
+        if (sv > (int64_t)exact || sv < -(int64_t)exact)
+          return rm_fail(ctx, RM_ERR_DTYPE, "%s: tensor '%s' (%s) holds %lld at element %llu, beyond 2^53: "
+                         "remat keeps integers as float64 and cannot hold it exactly", path, e->name, dt,
+                         (long long)sv, ULL(done + i + 1));
+      } else {
+        v = (double)u;
+        if (u > (uint64_t)exact)
+          return rm_fail(ctx, RM_ERR_DTYPE, "%s: tensor '%s' (%s) holds %llu at element %llu, beyond 2^53: "
+                         "remat keeps integers as float64 and cannot hold it exactly", path, e->name, dt,
+                         ULL(u), ULL(done + i + 1));
+      }
+      dst[done + i] = v;
+    }
+    done += k;
+  }
+  return RM_OK;
+}
+
 /* Reads one entry's bytes (at file offset `at`) into t, converting 16-bit floats. */
 static int read_entry(rm_ctx *ctx, FILE *f, const char *path, const st_entry *e, uint64_t at,
                       rm_tensor *t, uint16_t *chunk) {
@@ -563,6 +608,7 @@ static int read_entry(rm_ctx *ctx, FILE *f, const char *path, const st_entry *e,
     return rm_fail(ctx, RM_ERR_IO, "%s: cannot seek to tensor '%s': %s", path, e->name, strerror(errno));
   const char *dt = st_dtypes[e->dt].name;
   bool half = !strcmp(dt, "F16"), bf = !strcmp(dt, "BF16");
+  if (dt[0] == 'I' || dt[0] == 'U' || !strcmp(dt, "BOOL")) return read_integers(ctx, f, path, e, t, chunk);
   if (!half && !bf) {
     if (fread(rm_tensor_ptr(t), 1, bytes, f) != bytes)
       return rm_fail(ctx, RM_ERR_IO, "%s: the file ended inside tensor '%s' (did it change while loading?)",

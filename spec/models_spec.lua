@@ -99,3 +99,31 @@ describe("model scripts are plannable", function()
     assert.truthy(has(out, "predicted peak activation"), out)
   end)
 end)
+
+describe("models/cnn.lua --quick", function()
+  local out, code
+  setup(function() out, code = run("models/cnn.lua", "--quick") end)
+
+  it("trains convolutions under a budget plan, evaluates, and exits 0", function()
+    assert.are.equal(0, code, out)
+    local acc = tonumber(out:match("test accuracy ([%d.]+)%%"))
+    assert.truthy(acc, out)
+    assert.is_true(acc > 40, out)
+    assert.truthy(has(out, "training under policy.budget("), out)
+    assert.truthy(out:match("step +%d+/%d+ +loss [%d.]+ +%d+ ex/s +memory live .* ETA"), out)
+  end)
+
+  it("plans convolutions as the expensive layers to recompute, ReLU and pooling as cheap", function()
+    local spec = plan_spec("models/cnn.lua", "--quick")
+    local plan = spec.model:plan(spec.input(), { loss = spec.loss })
+    local cost = {}
+    for _, l in ipairs(plan.layers) do
+      local kind = tostring(l.name):match("^(%a+%d?d?)")
+      cost[kind] = math.max(cost[kind] or 0, l.flops)
+    end
+    assert.truthy(cost.Conv2d and cost.ReLU and cost.MaxPool2d, "layers: " .. table.concat((function()
+      local k = {} for n in pairs(cost) do k[#k + 1] = n end return k end)(), ", "))
+    assert.is_true(cost.Conv2d > 10 * cost.ReLU, ("conv %g vs relu %g"):format(cost.Conv2d, cost.ReLU))
+    assert.is_true(cost.Conv2d > 10 * cost.MaxPool2d, ("conv %g vs pool %g"):format(cost.Conv2d, cost.MaxPool2d))
+  end)
+end)

@@ -279,8 +279,22 @@ describe("safetensors reader", function()
     local p = dir .. "/x.safetensors"
     craft(p, '{"a":{"dtype":"F99","shape":[1],"data_offsets":[0,4]}}', ("\0"):rep(4))
     load_error(p, "unknown dtype 'F99'")
-    craft(p, '{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}', ("\0"):rep(8))
-    load_error(p, "dtype I64", "cannot load")
+    craft(p, '{"a":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}}', ("\0"):rep(1))
+    load_error(p, "dtype F8_E4M3", "cannot load")
+  end)
+
+  it("loads integers and booleans as float64 index values, and refuses int64 beyond 2^53", function()
+    local p = dir .. "/x.safetensors"
+    craft(p, '{"a":{"dtype":"I64","shape":[3],"data_offsets":[0,24]},"b":{"dtype":"I16","shape":[2],"data_offsets":[24,28]}}',
+          string.pack("<i8i8i8i2i2", -7, 0, 1 << 53, -32768, 300))
+    local t = C.load(p)
+    assert.equal("float64", dtype(t.a))
+    assert.same({ -7, 0, 2 ^ 53 }, C.flat(t.a))
+    assert.same({ -32768, 300 }, C.flat(t.b))
+    craft(p, '{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}', string.pack("<i8", (1 << 53) + 1))
+    load_error(p, "tensor 'a' (I64) holds 9007199254740993", "beyond 2^53")
+    craft(p, '{"a":{"dtype":"U64","shape":[1],"data_offsets":[0,8]}}', string.pack("<i8", -1))
+    load_error(p, "tensor 'a' (U64)", "beyond 2^53")
   end)
 
   it("rejects a huge or impossible header length without allocating it", function()
@@ -411,6 +425,33 @@ print('ok')
     local out = p:read("a")
     p:close()
     assert.equal("ok\n", out)
+  end)
+
+  -- int_tensors.safetensors was written by spec/fixtures/make_int_tensors.py (the Python
+  -- safetensors library, PyTorch's writer); the spec also regenerates it when it can.
+  local function check_int_file(path)
+    local t = C.load(path)
+    for _, k in ipairs { "labels", "ids", "pixels", "mask" } do assert.equal("float64", dtype(t[k])) end
+    assert.same({ 3, 0, 9, -2, 2 ^ 53 }, C.flat(t.labels))
+    assert.same({ 2, 3 }, shape(t.ids))
+    assert.same({ 1, 2, 3, -4, 5, 2147483647 }, C.flat(t.ids))
+    assert.same({ 0, 17, 255 }, C.flat(t.pixels))
+    assert.same({ 1, 0, 1 }, C.flat(t.mask))
+    -- the labels work as labels: cross_entropy and gather take them as they are
+    local lab = remat.tensor({ 4, 1 }, "float64")
+    local logits = remat.zeros(2, 10, "float64")
+    assert.is_true(math.abs(remat.nn.cross_entropy(logits, lab):item() - math.log(10)) < 1e-12)
+  end
+
+  it("loads the int64/int32/uint8/bool tensors of a file the Python library wrote (committed fixture)", function()
+    check_int_file("spec/fixtures/int_tensors.safetensors")
+  end)
+
+  it("loads a freshly written Python int64 file", function()
+    if not python_ok("safetensors.numpy, numpy") then pending("python3 safetensors/numpy not installed") return end
+    local path = dir .. "/ints.safetensors"
+    assert.is_true(os.execute("python3 spec/fixtures/make_int_tensors.py '" .. path .. "' >/dev/null 2>&1") == true)
+    check_int_file(path)
   end)
 
   it("saves CUDA tensors (strided too) as their values #gpu", function()

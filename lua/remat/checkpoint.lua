@@ -251,7 +251,7 @@ function Module:plan(x, opts)
     step_peak = step_peak, step_by_category = step_cats }, PlanReport)
   for i, l in ipairs(sim.layers) do
     report.layers[i] = {
-      index = i, name = info[i].describe, type = info[i].type, action = plan[i].action,
+      index = i, name = remat.nn.layer_name(self, i, info[i].describe), type = info[i].type, action = plan[i].action,
       selective = plan[i].action == "selective" and plan[i].ops or nil, recomputes = recomputes[i],
       saved_bytes = l.saved, output_bytes = l.out_bytes, flops = l.flops, param_bytes = l.param_bytes,
       recompute_flops = l.recompute_flops,

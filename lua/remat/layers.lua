@@ -5,6 +5,7 @@
 --   nn.AvgPool2d(kernel [, opts])         unfold with zero padding + mean (padding counts)
 --   nn.BatchNorm1d(n [, opts]), nn.BatchNorm2d(n [, opts])
 --   nn.PositionalEmbedding(block, dim)    x (B, T, dim) + a learned (T, dim) table
+--   nn.Flatten()                          (B, ...) -> (B, n)
 -- Sizes (kernel, stride, padding, dilation) are a number or { h, w }.
 local remat = package.loaded.remat
 local C = remat._C
@@ -104,16 +105,17 @@ function nn.Conv2d(cin, cout, kernel, opts)
     local G, co = self.groups, self.out_channels
     local cols = op("unfold", { shape = geo, f = { 0 } }, x)                       -- (B, in*kh*kw, L)
     local kk = self.in_channels // G * geo[1] * geo[2]
-    local y
+    local L = ho * wo
     if G == 1 then
+      -- one GEMM over every window of the batch (linear, bias fused) beats B small ones
+      local rows = cols:transpose(2, 3):reshape(s[1] * L, kk)                      -- (B*L, in*kh*kw)
       local w = self.weight:view(co, kk)
-      y = w:matmul(cols)                                                           -- (B, out, L)
-    else
-      local cg = cols:view(s[1], G, kk, ho * wo)
-      local w = self.weight:view(G, co // G, kk)
-      y = w:matmul(cg)                                                             -- (B, G, out/G, L)
+      local y = self.bias and op("linear", nil, rows, w, self.bias) or op("linear", nil, rows, w) -- (B*L, out)
+      return y:view(s[1], L, co):transpose(2, 3):reshape(s[1], co, ho, wo)
     end
-    if self.bias then y = y:view(s[1], co, ho * wo) + self.bias:view(co, 1) end
+    local cg = cols:view(s[1], G, kk, L)
+    local y = self.weight:view(G, co // G, kk):matmul(cg)                          -- (B, G, out/G, L)
+    if self.bias then y = y:view(s[1], co, L) + self.bias:view(co, 1) end
     return y:view(s[1], co, ho, wo)
   end
   return nn.module(def)
@@ -220,6 +222,19 @@ end
 function nn.BatchNorm1d(n, opts) return batchnorm("BatchNorm1d", 1, n, opts) end
 -- nn.BatchNorm2d(n, { eps = 1e-5, momentum = 0.1, affine = true }): (N, n, H, W).
 function nn.BatchNorm2d(n, opts) return batchnorm("BatchNorm2d", 2, n, opts) end
+
+-- nn.Flatten(): (B, ...) -> (B, the rest multiplied), a view when x is contiguous.
+function nn.Flatten()
+  return nn.module {
+    name = "Flatten()",
+    forward = function(self, x)
+      if not is_tensor(x) then fail("Flatten: expected a tensor, got " .. type(x)) end
+      local s = C.info(x)
+      if #s < 1 then fail("Flatten: expected at least a 1-d input") end
+      return x:reshape(s[1], -1)
+    end,
+  }
+end
 
 -- nn.PositionalEmbedding(block, dim): adds a learned position vector to each of the
 -- T <= block positions of x (B, T, dim) (GPT-2's wpe; N(0, 0.02) initial values).

@@ -245,6 +245,16 @@ local function describe(m)
 end
 
 module_mt.__tostring = describe
+
+-- The name plans and policies show for layer i of a Sequential: a Lua module's own
+-- `name` field (nn.Conv2d and the other layers of remat.layers set one), else desc.
+function nn.layer_name(seq, i, desc)
+  if desc == "Lua()" then
+    local n = seq[i].name
+    if type(n) == "string" then return n end
+  end
+  return desc
+end
 nn.describe = describe
 
 -- ---- losses ----

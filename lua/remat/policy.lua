@@ -209,7 +209,7 @@ function policy.custom(fn)
       for i = 1, n do
         local s = keep.layers[i]
         local ans = fn({
-          index = i, name = info[i].describe, type = info[i].type, param_bytes = s.param_bytes,
+          index = i, name = remat.nn.layer_name(ctx.model, i, info[i].describe), type = info[i].type, param_bytes = s.param_bytes,
           saved_bytes = s.saved, output_bytes = s.out_bytes, flops = s.flops,
         })
         if type(ans) == "string" and ACTIONS[ans] then

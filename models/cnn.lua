@@ -1,0 +1,173 @@
+-- A small CNN on Fashion-MNIST, trained under an activation-memory budget.
+--
+--   remat models/cnn.lua [--epochs 2] [--batch 128] [--width 32] [--lr 3e-3]
+--                        [--budget 90%|BYTES|none] [--every 100] [--seed 1] [--batchnorm] [--quick]
+-- (--batchnorm: a BatchNorm2d after each convolution)
+--
+-- The model: Conv2d(1, W/2, 3, pad 1) -> ReLU -> MaxPool2d(2)
+--            -> Conv2d(W/2, W, 3, pad 1) -> ReLU -> MaxPool2d(2)
+--            -> Flatten -> Linear(W*49, 128) -> ReLU -> Linear(128, 10),
+-- trained with AdamW and a warmup + cosine learning rate. Before training it prints
+-- what keeping every activation needs and the plan under remat.policy.budget at
+-- --budget (by default 90% of that peak): the plan lists each layer's recompute cost,
+-- where the convolutions are the expensive ones and ReLU / pooling the cheap ones the
+-- budget policy recomputes first. At the end: test accuracy and the time it took.
+--
+-- `--quick`: a narrow model on a slice of the data, for specs (a few seconds).
+-- `--plan` as the first argument (the convention of `remat plan SCRIPT`): returns
+-- { model =, input = function() -> x, loss = function(y) -> scalar loss } and trains nothing.
+local remat = require "remat"
+local nn, optim, policy = remat.nn, remat.optim, remat.policy
+local fmt = remat.memory.format
+local cli = require "remat.cli"
+
+local argv = { ... }
+
+local function usage(msg)
+  local text = "usage: remat models/cnn.lua [--epochs N] [--batch N] [--width N] [--lr X]\n"
+    .. "       [--budget 90%|BYTES|none] [--every N] [--seed N] [--batchnorm] [--quick]\n"
+  if not msg then io.write(text) os.exit(0) end
+  io.stderr:write("models/cnn.lua: ", msg, "\n", text)
+  os.exit(2)
+end
+
+local o = { epochs = 2, batch = 128, width = 32, lr = 3e-3, budget = "90%", every = 100, seed = 1,
+            quick = false, plan = false, batchnorm = false, train_limit = nil, test_limit = nil }
+do
+  cli.parse(argv, o, {
+    numbers = { epochs = true, batch = true, width = true, lr = true, every = true, seed = true },
+    strings = { budget = true }, switches = { quick = true, plan = true, batchnorm = true }, usage = usage })
+  if o.quick then
+    o.epochs, o.width, o.train_limit, o.test_limit, o.every, o.batch = 1, 8, 1024, 500, 4, 64
+  end
+  for _, k in ipairs { "epochs", "batch", "width", "every" } do
+    if math.tointeger(o[k]) == nil or o[k] < 1 then usage(("--%s must be an integer >= 1"):format(k)) end
+    o[k] = math.tointeger(o[k])
+  end
+  if o.width % 2 ~= 0 then usage("--width must be even") end
+end
+
+local function build()
+  remat.manual_seed(o.seed)
+  local w = o.width
+  local layers = {}
+  local function add(m) layers[#layers + 1] = m end
+  add(nn.Conv2d(1, w // 2, 3, { padding = 1 }))
+  if o.batchnorm then add(nn.BatchNorm2d(w // 2)) end
+  add(nn.ReLU()); add(nn.MaxPool2d(2))
+  add(nn.Conv2d(w // 2, w, 3, { padding = 1 }))
+  if o.batchnorm then add(nn.BatchNorm2d(w)) end
+  add(nn.ReLU()); add(nn.MaxPool2d(2))
+  add(nn.Flatten()); add(nn.Linear(w * 49, 128)); add(nn.ReLU()); add(nn.Linear(128, 10))
+  return nn.Sequential(layers)
+end
+
+local function example_input()
+  remat.manual_seed(o.seed + 1)
+  return remat.rand(o.batch, 1, 28, 28)
+end
+
+local example_labels
+do
+  local labels = {}
+  for i = 1, o.batch do labels[i] = (i % 10) + 1 end
+  example_labels = remat.tensor(labels)
+end
+local function example_loss(y) return nn.cross_entropy(y, example_labels) end
+
+if o.plan then
+  return { model = build(), input = example_input, loss = example_loss }
+end
+
+local function budget_bytes(keep_peak)
+  local b = o.budget
+  if b == "none" then return nil end
+  local pct = b:match("^([%d.]+)%%$")
+  if pct then return math.floor(keep_peak * tonumber(pct) / 100) end
+  local bytes = remat.memory.parse(b)
+  if not bytes then usage("--budget: cannot read " .. b .. " (90%, 3MiB, 3e6 or none)") end
+  return bytes
+end
+
+-- Images (N, 784) in [0, 1] -> (N, 1, 28, 28).
+local function images(xb) return xb:view(xb:size(1), 1, 28, 28) end
+
+local function accuracy(model, ds)
+  model:eval()
+  local correct = 0
+  remat.no_grad(function()
+    for xb, yb in ds:batches(500, { shuffle = false }) do
+      local x <close> = images(xb)
+      local logits <close> = model(x)
+      local pred <close> = logits:argmax(2)
+      local hit <close> = pred:eq(yb)
+      local s <close> = hit:sum()
+      correct = correct + s:item()
+      xb:free()
+      yb:free()
+    end
+  end)
+  model:train()
+  return correct / ds.n
+end
+
+local train = remat.data.fashion_mnist("train", { limit = o.train_limit })
+local test = remat.data.fashion_mnist("test", { limit = o.test_limit })
+print(("%s\n%s"):format(tostring(train), tostring(test)))
+
+local model = build()
+print(model)
+
+local xplan = example_input()
+local keep = model:plan(xplan, { loss = example_loss })
+local budget = budget_bytes(keep.keep_peak)
+if budget then
+  model:checkpoint(policy.budget(budget))
+  print(("keeping every activation needs %s; training under policy.budget(%s) (%s of it)"):format(
+    fmt(keep.keep_peak), fmt(budget), o.budget))
+else
+  print(("keeping every activation: %s"):format(fmt(keep.keep_peak)))
+end
+local plan = model:plan(xplan, { loss = example_loss })
+print(plan)
+xplan:free()
+
+local steps_per_epoch = train:num_batches(o.batch, true)
+local total = steps_per_epoch * o.epochs
+local opt = optim.AdamW(model:parameters(), { lr = o.lr, weight_decay = 1e-4 })
+local sched = optim.scheduler(opt, optim.schedule.warmup_cosine {
+  warmup = math.max(1, total // 20), total = total, base = o.lr, min = o.lr * 0.02 })
+
+print(("training: %d epochs of %d steps, batch %d, AdamW lr %g (warmup + cosine)"):format(
+  o.epochs, steps_per_epoch, o.batch, o.lr))
+local step, t_start = 0, remat.now()
+local t_last, seen_last = t_start, 0
+for epoch = 1, o.epochs do
+  local loss_sum, loss_n = 0, 0
+  for xb, yb in train:batches(o.batch, { drop_last = true }) do
+    step = step + 1
+    sched:step()
+    local x <close> = images(xb)
+    local logits <close> = model(x)
+    local loss <close> = nn.cross_entropy(logits, yb)
+    loss:backward()
+    opt:step()
+    opt:zero_grad()
+    loss_sum, loss_n = loss_sum + loss:item(), loss_n + 1
+    xb:free()
+    yb:free()
+    if step % o.every == 0 or step == total then
+      local now = remat.now()
+      local m = remat.memory.stats()
+      print(("epoch %d step %4d/%d  loss %.4f  %6.0f ex/s  memory live %s peak %s  ETA %.0f s"):format(
+        epoch, step, total, loss_sum / loss_n, (step - seen_last) * o.batch / (now - t_last), fmt(m.live),
+        fmt(m.peak), (total - step) * (now - t_start) / step))
+      loss_sum, loss_n, t_last, seen_last = 0, 0, now, step
+    end
+  end
+end
+local elapsed = remat.now() - t_start
+
+local acc = accuracy(model, test)
+print(("test accuracy %.2f%% after %d epochs (%.1f s of training, %.0f examples/s)"):format(100 * acc, o.epochs,
+  elapsed, step * o.batch / elapsed))
