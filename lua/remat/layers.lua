@@ -103,20 +103,31 @@ function nn.Conv2d(cin, cout, kernel, opts)
     local geo = self.geometry
     local ho, wo = out_hw(x, geo)
     local G, co = self.groups, self.out_channels
-    local cols = op("unfold", { shape = geo, f = { 0 } }, x)                       -- (B, in*kh*kw, L)
+    -- intermediates are freed as soon as they are used (the tape keeps what backward
+    -- needs): Lua's collector does not see their memory
+    local cols <close> = op("unfold", { shape = geo, f = { 0 } }, x)               -- (B, in*kh*kw, L)
     local kk = self.in_channels // G * geo[1] * geo[2]
     local L = ho * wo
+    local weight <close> = self.weight
+    local bias <close> = self.bias
     if G == 1 then
       -- one GEMM over every window of the batch (linear, bias fused) beats B small ones
-      local rows = cols:transpose(2, 3):reshape(s[1] * L, kk)                      -- (B*L, in*kh*kw)
-      local w = self.weight:view(co, kk)
-      local y = self.bias and op("linear", nil, rows, w, self.bias) or op("linear", nil, rows, w) -- (B*L, out)
-      return y:view(s[1], L, co):transpose(2, 3):reshape(s[1], co, ho, wo)
+      local ct <close> = cols:transpose(2, 3)
+      local rows <close> = ct:reshape(s[1] * L, kk)                                -- (B*L, in*kh*kw)
+      local w <close> = weight:view(co, kk)
+      local y <close> = bias and op("linear", nil, rows, w, bias) or op("linear", nil, rows, w) -- (B*L, out)
+      local y3 <close> = y:view(s[1], L, co)
+      local yt <close> = y3:transpose(2, 3)
+      return yt:reshape(s[1], co, ho, wo)
     end
-    local cg = cols:view(s[1], G, kk, L)
-    local y = self.weight:view(G, co // G, kk):matmul(cg)                          -- (B, G, out/G, L)
-    if self.bias then y = y:view(s[1], co, L) + self.bias:view(co, 1) end
-    return y:view(s[1], co, ho, wo)
+    local cg <close> = cols:view(s[1], G, kk, L)
+    local w <close> = weight:view(G, co // G, kk)
+    local y <close> = w:matmul(cg)                                                 -- (B, G, out/G, L)
+    if not bias then return y:view(s[1], co, ho, wo) end
+    local y2 <close> = y:view(s[1], co, L)
+    local b2 <close> = bias:view(co, 1)
+    local yb <close> = y2 + b2
+    return yb:view(s[1], co, ho, wo)
   end
   return nn.module(def)
 end
@@ -139,9 +150,16 @@ local function pool(kind, kernel, opts)
       local s = check_image(kind, x)
       local geo = self.geometry
       local ho, wo = out_hw(x, geo)
-      local cols = op("unfold", { shape = geo, f = { is_max and -math.huge or 0 } }, x)
-      local w = cols:view(s[1], s[2], geo[1] * geo[2], ho * wo)
-      local r = is_max and (w:max(3)) or w:mean(3)
+      local cols <close> = op("unfold", { shape = geo, f = { is_max and -math.huge or 0 } }, x)
+      local w <close> = cols:view(s[1], s[2], geo[1] * geo[2], ho * wo)
+      if is_max then
+        local r, idx = w:max(3)
+        idx:free()
+        local v = r:view(s[1], s[2], ho, wo)
+        r:free()
+        return v
+      end
+      local r <close> = w:mean(3)
       return r:view(s[1], s[2], ho, wo)
     end,
   }
