@@ -244,7 +244,6 @@ describe("BatchNorm running statistics under checkpointing", function()
     return stats, grads
   end
   local ref_stats, ref_grads = run(policy.none())
-  local keep_peak = build():plan(x, { loss = function(y) return nn.cross_entropy(y, lab) end }).keep_peak
 
   it("none(): two steps move the statistics exactly twice", function()
     local m = build()
@@ -259,7 +258,7 @@ describe("BatchNorm running statistics under checkpointing", function()
 
   for _, p in ipairs {
     policy.every(1), policy.every(2), policy.every(3), policy.sqrt(),
-    policy.selective { "relu", "gelu" }, policy.budget(math.floor(keep_peak * 0.8)), policy.budget(math.floor(keep_peak * 0.6)),
+    policy.selective { "relu", "gelu" },
     function(l) return l.index % 2 == 1 and "boundary" or "recompute" end,
     function() return "recompute" end,
   } do
