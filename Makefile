@@ -134,11 +134,13 @@ run:
 	$(BUILD)/remat models/$(MODEL).lua $(ARGS)
 
 # check-mem: the in-process specs under ASan/UBSan/LSan (specs that start other programs,
-# tagged subprocess, would run those under the preloaded runtime too; valgrind runs them).
+# tagged subprocess, would run those under the preloaded runtime too; valgrind runs them),
+# with the fuzz specs (spec/fuzz_spec.lua, and examples/host/faults built with the
+# sanitizers) at full length.
 check-mem:
-	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" OPT=-O1 CUDA=0 all
+	$(MAKE) BUILD=build-asan SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" OPT=-O1 CUDA=0 all examples
 	LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/spec/?.lua;;" LUA_CPATH="$(CURDIR)/build-asan/?.so;;" \
-	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=1 \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=1 REMAT_FUZZ=full REMAT_BUILD=build-asan \
 	  $(BUSTED) --exclude-tags=gpu,slow,subprocess,valgrind -o spec/support/summary.lua spec
 
 clean:

@@ -108,7 +108,8 @@ static int t_free(lua_State *L) {
 }
 
 static int t_is_freed(lua_State *L) {
-  rm_ltensor *b = luaL_checkudata(L, 1, RM_TENSOR_MT);
+  rm_ltensor *b = luaL_testudata(L, 1, RM_TENSOR_MT);
+  if (!b) return rm_lua_errorf(L, "is_freed: expected a tensor, got %s", luaL_typename(L, 1));
   lua_pushboolean(L, b->t == NULL);
   return 1;
 }

@@ -63,6 +63,7 @@ end
 
 -- Number of batches of batch_size in one epoch.
 function Dataset:num_batches(batch_size, drop_last)
+  batch_size = check_int("num_batches", batch_size, "batch_size", 1)
   if drop_last then return self.n // batch_size end
   return (self.n + batch_size - 1) // batch_size
 end

@@ -282,6 +282,7 @@ function Tensor:is_freed() return C.is_freed(self) end
 local TYPE_NAMES = { float32 = "Float", float64 = "Double", bfloat16 = "BFloat16", float16 = "Half" }
 -- Torch7's type name: remat.FloatTensor, remat.DoubleTensor, remat.CudaTensor, ...
 function Tensor:type()
+  if not is_tensor(self) then fail("type: expected a tensor (x:type()), got " .. type(self)) end
   if C.is_freed(self) then return "remat.Tensor" end
   local _, dt, dev = info(self)
   if dev == "cuda" then
