@@ -132,7 +132,14 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   rm_meta meta[RM_MAX_OUTPUTS];
   int rc = def->infer ? def->infer(ctx, nin, in, a, meta) : default_infer(ctx, def, nin, in, meta);
   if (rc) return rc;
-  for (int j = 0; j < nout; j++) outs[j] = NULL;
+  for (int j = 0; j < nout; j++) {
+    outs[j] = NULL;
+    if (rm_meta_numel(&meta[j]) == INT64_MAX) {
+      char sh[96];
+      return rm_fail(ctx, RM_ERR_SHAPE, "%s: the output size %s is too large", def->name,
+                     rm_shape_str(meta[j].ndim, meta[j].shape, sh, sizeof sh));
+    }
+  }
 
   if (def->flags & RM_OPF_VIEW) {
     rm_tensor *v = rm_tensor_view_of(ctx, in[0], in[0]->ndim, in[0]->shape, in[0]->stride,

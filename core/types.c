@@ -16,9 +16,12 @@ size_t rm_dtype_size(rm_dtype d) { return (unsigned)d < RM_DTYPE_COUNT ? dtype_s
 const char *rm_device_name(rm_device d) { return (unsigned)d < RM_DEVICE_COUNT ? device_names[d] : "?"; }
 const char *rm_category_name(rm_category c) { return (unsigned)c < RM_CAT_COUNT ? category_names[c] : "?"; }
 
+/* Saturates at INT64_MAX: infer steps may meet shapes whose product does not fit, and
+ * rm_op_run refuses those outputs by that value. */
 int64_t rm_meta_numel(const rm_meta *m) {
   int64_t n = 1;
-  for (int i = 0; i < m->ndim; i++) n *= m->shape[i];
+  for (int i = 0; i < m->ndim; i++)
+    if (__builtin_mul_overflow(n, m->shape[i], &n)) return INT64_MAX;
   return n;
 }
 

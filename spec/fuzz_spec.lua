@@ -177,7 +177,6 @@ local function sweep(seed, calls)
     remat.memory.fail_at(0)
     remat.memory.limit(nil)
     C.grad_enabled(true)
-    C.set_category("activation")
     if not ok then
       raised = raised + 1
       local p = check_message(t, err)
