@@ -255,6 +255,15 @@ describe("D10: paths with a NUL byte", function()
   end)
 end)
 
+describe("data.text on a path it cannot read", function()
+  local files = require "support.files"
+  it("a directory is a clear error naming data.text, not an internal Lua error", function()
+    local dir = files.tmpdir()
+    raises(function() remat.data.text(dir) end, "remat.data.text", "cannot read")
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+end)
+
 describe("D11: temporary files of killed saves", function()
   local files = require "support.files"
   it("a later save removes those of processes that are gone, not those of live ones", function()

@@ -187,8 +187,10 @@ function data.text(path, opts)
   local rank, ws = shard_of(fn, opts)
   local f, err = io.open(path, "rb")
   if not f then fail(fn .. ": cannot open " .. tostring(err)) end
-  local s = f:read("a")
+  local s, rerr = f:read("a")
   f:close()
+  -- io.open succeeds on a directory; reading it is what fails
+  if not s then fail(("%s: cannot read %s: %s"):format(fn, path, tostring(rerr))) end
   if #s < 2 then fail(("%s: %s has %d bytes; a text dataset needs at least 2"):format(fn, path, #s)) end
   local vocab, stoi = {}, {}
   for b = 0, 255 do
