@@ -115,6 +115,10 @@ rm_module *rm_nn_block(rm_ctx *ctx, int64_t d, int64_t heads, double dropout) {
     rm_fail(ctx, RM_ERR_ARG, "TransformerBlock: dropout must be in [0, 1) (got %g)", dropout);
     return NULL;
   }
+  if (d > INT64_MAX / 4) {
+    rm_fail(ctx, RM_ERR_ARG, "TransformerBlock: the size %lld is too large (its MLP's 4 x size overflows)", (long long)d);
+    return NULL;
+  }
   rm_module *m = rm_module_new(ctx, &block_type);
   if (!m) return NULL;
   m->cfg_i[0] = d;

@@ -319,6 +319,8 @@ static int l_nn_new(lua_State *L) {
     m = with_path(ctx, rm_nn_attention(ctx, d, h, p), path);
   } else if (!strcmp(kind, "MLP")) {
     int64_t d = check_size(L, 2, fn, "the size");
+    if (lua_isnoneornil(L, 3) && d > INT64_MAX / 4)
+      return rm_lua_errorf(L, "%s: the size %I is too large (its default hidden size 4 x size overflows)", fn, (lua_Integer)d);
     int64_t hid = lua_isnoneornil(L, 3) ? 4 * d : check_size(L, 3, fn, "hidden");
     m = rm_nn_mlp(ctx, d, hid, opt_num(L, 4, 0, fn, "dropout"));
   } else if (!strcmp(kind, "TransformerBlock")) {

@@ -264,6 +264,13 @@ describe("data.text on a path it cannot read", function()
   end)
 end)
 
+describe("module sizes whose derived sizes overflow", function()
+  it("MLP's default hidden size and TransformerBlock's MLP are clear errors (found by fuzz seed 31337)", function()
+    raises(function() remat.nn.MLP(math.maxinteger) end, "MLP", "too large")
+    raises(function() remat.nn.TransformerBlock(math.maxinteger, 1) end, "TransformerBlock", "too large")
+  end)
+end)
+
 describe("D11: temporary files of killed saves", function()
   local files = require "support.files"
   it("a later save removes those of processes that are gone, not those of live ones", function()
