@@ -1,6 +1,6 @@
 /* Optimizer steps: fused elementwise updates, meant to run in place with rm_op_into
  * (outputs alias inputs: every element is read before it is written). Internal and
- * not differentiable. Semantics are exactly PyTorch's torch.optim.SGD / Adam / AdamW
+ * not differentiable. Semantics are exactly PyTorch's torch.optim.SGD / Adam / AdamW / RMSprop
  * (single-tensor path, maximize = false).
  *
  * sgd_step(param, grad, buf) -> (param, buf)
@@ -23,6 +23,18 @@
  *     m = lerp(m, grad, 1 - beta1);  v = beta2 * v + (1 - beta2) * grad^2
  *     param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
  *
+ * rmsprop_step(param, grad, square_avg, buf, grad_avg) -> (param, square_avg, buf, grad_avg)
+ *   f[0] lr, f[1] alpha, f[2] eps, f[3] momentum,
+ *   i[0] weight_decay as the bits of a double (as adamw_step's i[2]), i[1] centered (0/1).
+ *     grad += wd * param
+ *     square_avg = alpha * square_avg + (1 - alpha) * grad^2
+ *     centered: grad_avg = lerp(grad_avg, grad, 1 - alpha); avg = sqrt(square_avg - grad_avg^2) + eps
+ *     else:     avg = sqrt(square_avg) + eps
+ *     momentum != 0: buf = momentum * buf + grad / avg;  param -= lr * buf
+ *     else:          param -= lr * (grad / avg)
+ *   A state that is not used (buf without momentum, grad_avg when not centered) is left
+ *   as it is, as sgd_step's buffer is; the caller may pass param in its place.
+ *
  * A float32 param may take a bfloat16 grad (mixed precision: the param is the float32
  * master copy of a bfloat16 weight, the optimizer casts it back into the model).
  *
@@ -37,7 +49,7 @@
  * param (the master copy of a bfloat16 weight, see lua/remat/optim.lua) may take a
  * bfloat16 grad. */
 static int check_state(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in) {
-  static const char *const names[] = { "param", "grad", "state 1", "state 2" };
+  static const char *const names[] = { "param", "grad", "state 1", "state 2", "state 3" };
   if (rm_check_same_device(ctx, op, nin, in)) return ctx->err_code;
   for (int i = 1; i < nin; i++) {
     bool ok = in[i]->dtype == in[0]->dtype || (i == 1 && in[0]->dtype == RM_F32 && in[i]->dtype == RM_BF16);
@@ -105,4 +117,31 @@ static double adamw_step_flops(int nin, rm_tensor *const *in, const rm_attrs *a,
 const rm_op_def rm_opdef_adamw_step = {
   .name = "adamw_step", .nin = 4, .nout = 3, .nvis = 3, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL,
   .infer = adamw_step_infer, .flops = adamw_step_flops,
+};
+
+static int rmsprop_step_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  const char *op = "rmsprop_step";
+  if (check_state(ctx, op, nin, in)) return ctx->err_code;
+  double lr = a->f[0], alpha = a->f[1], eps = a->f[2], momentum = a->f[3], wd;
+  memcpy(&wd, &a->i[0], sizeof wd);
+  if (!(lr >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid learning rate %g", op, lr);
+  if (!(alpha >= 0 && alpha <= 1)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid alpha %g (must be in [0, 1])", op, alpha);
+  if (!(eps >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid eps %g", op, eps);
+  if (!(momentum >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid momentum %g", op, momentum);
+  if (!(wd >= 0))
+    return rm_fail(ctx, RM_ERR_ARG, "%s: invalid weight_decay %g (i[0] holds the bits of a double)", op, wd);
+  if (a->i[1] != 0 && a->i[1] != 1)
+    return rm_fail(ctx, RM_ERR_ARG, "%s: centered (i[1]) must be 0 or 1, got %lld", op, (long long)a->i[1]);
+  for (int j = 0; j < 4; j++) rm_tensor_meta(in[0], &out[j]);
+  return RM_OK;
+}
+
+static double rmsprop_step_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  (void)nin; (void)a; (void)out;
+  return 12.0 * (double)rm_tensor_numel(in[0]);
+}
+
+const rm_op_def rm_opdef_rmsprop_step = {
+  .name = "rmsprop_step", .nin = 5, .nout = 4, .nvis = 4, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL,
+  .infer = rmsprop_step_infer, .flops = rmsprop_step_flops,
 };

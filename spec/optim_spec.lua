@@ -82,6 +82,36 @@ local function ref_adam(o, steps, decoupled)
   return out
 end
 
+-- PyTorch's RMSprop in plain Lua.
+local function ref_rmsprop(o, steps)
+  local lr, alpha, eps = o.lr or 1e-2, o.alpha or 0.99, o.eps or 1e-8
+  local wd, mom, centered = o.weight_decay or 0, o.momentum or 0, o.centered
+  local p, sq, buf, ga, out = table.move(P0, 1, #P0, 1, {}), {}, {}, {}, {}
+  for i = 1, #p do sq[i], buf[i], ga[i] = 0, 0, 0 end
+  for t = 1, steps do
+    local g = grad_values(t, #p)
+    for i = 1, #p do
+      g[i] = g[i] + wd * p[i]
+      sq[i] = alpha * sq[i] + (1 - alpha) * g[i] * g[i]
+      local avg
+      if centered then
+        ga[i] = ga[i] + (1 - alpha) * (g[i] - ga[i])
+        avg = math.sqrt(sq[i] - ga[i] * ga[i]) + eps
+      else
+        avg = math.sqrt(sq[i]) + eps
+      end
+      if mom > 0 then
+        buf[i] = mom * buf[i] + g[i] / avg
+        p[i] = p[i] - lr * buf[i]
+      else
+        p[i] = p[i] - lr * g[i] / avg
+      end
+    end
+    out[t] = table.move(p, 1, #p, 1, {})
+  end
+  return out
+end
+
 local function check_against(got, ref, tol, what)
   for k = 1, #ref do assert_close(got[k], ref[k], tol, ("%s step %d"):format(what, k)) end
 end
@@ -168,6 +198,61 @@ describe("optim.Adam and optim.AdamW", function()
     assert.are.equal(before + 2 * 5 * 4, remat.memory.stats().by_category.optim)
     assert.are.equal(2, opt.state[1].step)
     assert.are.equal(1, opt.state[2].step)
+  end)
+end)
+
+describe("optim.RMSprop", function()
+  local cases = {
+    {},
+    { lr = 0.01, alpha = 0.9, eps = 1e-6 },
+    { lr = 0.01, weight_decay = 0.1 },
+    { lr = 0.005, momentum = 0.9 },
+    { lr = 0.005, centered = true },
+    { lr = 0.005, alpha = 0.8, momentum = 0.5, centered = true, weight_decay = 0.01 },
+  }
+  for _, o in ipairs(cases) do
+    local name = {}
+    for k, v in pairs(o) do name[#name + 1] = k .. "=" .. tostring(v) end
+    table.sort(name)
+    it("matches PyTorch's update {" .. table.concat(name, ", ") .. "}", function()
+      local got = run(function(ps) return optim.RMSprop(ps, o) end, 5)
+      check_against(got, ref_rmsprop(o, 5), 1e-13, "RMSprop")
+      local got32 = run(function(ps) return optim.RMSprop(ps, o) end, 5, "float32")
+      check_against(got32, ref_rmsprop(o, 5), 2e-5, "RMSprop float32")
+    end)
+  end
+
+  it("matches numbers computed by torch.optim.RMSprop", function()
+    -- python: p = torch.tensor(P0, dtype=float64, requires_grad=True);
+    -- opt = RMSprop([p], lr=0.01, alpha=0.9, momentum=0.5, centered=True, weight_decay=0.1);
+    -- 3 steps with p.grad = grad_values(k); print(p)
+    local got = run(function(ps)
+      return optim.RMSprop(ps, { lr = 0.01, alpha = 0.9, momentum = 0.5, centered = true, weight_decay = 0.1 })
+    end, 3)
+    check_against({ got[3] }, { { 0.42453414375124376, -1.1120962376159547, 2.1038509508467618, -0.006873279001768078, -0.42519329699847386 } }, 1e-12, "torch")
+  end)
+
+  it("keeps only the state it uses, in the category optim", function()
+    collectgarbage()
+    collectgarbage()
+    local before = remat.memory.stats().by_category.optim
+    local _, opt = run(function(ps) return optim.RMSprop(ps, { lr = 0.01 }) end, 2, "float32")
+    assert.are.equal(before + 4 * #P0, remat.memory.stats().by_category.optim)
+    assert.are.equal(2, opt.state[1].step)
+    assert.is_nil(opt.state[1].momentum_buffer)
+    assert.is_nil(opt.state[1].grad_avg)
+    local _, opt2 = run(function(ps) return optim.RMSprop(ps, { momentum = 0.9, centered = true }) end, 1, "float32")
+    assert.are.equal(before + 4 * 4 * #P0, remat.memory.stats().by_category.optim)
+    assert.truthy(opt2.state[1].momentum_buffer and opt2.state[1].grad_avg)
+    assert.are.equal(0, opt:step_bytes())
+  end)
+
+  it("rejects bad options", function()
+    local p = param(P0)
+    assert.has_error(function() optim.RMSprop({ p }, { alpha = 1.5 }) end, "optim.RMSprop: invalid alpha 1.5 (must be in [0, 1])")
+    assert.has_error(function() optim.RMSprop({ p }, { momentum = -1 }) end, "optim.RMSprop: invalid momentum -1 (must be >= 0)")
+    assert.has_error(function() optim.RMSprop({ p }, { centered = 1 }) end, "optim.RMSprop: centered must be a boolean, got number 1")
+    assert.has_error(function() optim.RMSprop({ p }, { betas = { 0.9, 0.9 } }) end)
   end)
 end)
 
@@ -320,6 +405,113 @@ describe("optim.schedule", function()
     assert.truthy(err_of({ total = 3, base = -1 }):find("base must be a learning rate", 1, true))
     assert.truthy(err_of({ total = 3, base = 1, min = 2 }):find("min must be a number in [0, base]", 1, true))
     assert.truthy(err_of({ total = 3, base = 1, cycles = 2 }):find("unknown option 'cycles'", 1, true))
+  end)
+end)
+
+describe("optim.schedule: step, cosine, linear, warmup", function()
+  local schedule = optim.schedule
+  local function near(a, b) return math.abs(a - b) < 1e-12 end
+
+  it("step multiplies by gamma every step_size steps", function()
+    local lr = schedule.step { base = 1, step_size = 3, gamma = 0.5 }
+    local got = {}
+    for k = 1, 7 do got[k] = lr(k) end
+    assert.are.same({ 1, 1, 1, 0.5, 0.5, 0.5, 0.25 }, got)
+    assert.are.equal(0.1, schedule.step { base = 1, step_size = 2 }(3)) -- gamma 0.1 by default
+  end)
+
+  it("cosine goes from base at step 1 to min at step total, and stays there", function()
+    local lr = schedule.cosine { base = 1, total = 5, min = 0.2 }
+    assert.are.equal(1, lr(1))
+    assert.is_true(near(lr(3), 0.6))
+    assert.is_true(near(lr(2), 0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi / 4))))
+    assert.is_true(near(lr(5), 0.2))
+    assert.is_true(near(lr(50), 0.2))
+    for k = 1, 4 do assert.is_true(lr(k + 1) < lr(k)) end
+    assert.are.equal(0, schedule.cosine { base = 3, total = 2 }(2))
+  end)
+
+  it("linear goes in a straight line from base to min", function()
+    local lr = schedule.linear { base = 1, total = 5, min = 0.2 }
+    assert.are.equal(1, lr(1))
+    assert.is_true(near(lr(2), 0.8))
+    assert.is_true(near(lr(4), 0.4))
+    assert.is_true(near(lr(5), 0.2))
+    assert.is_true(near(lr(9), 0.2))
+    assert.is_true(near(schedule.linear { base = 2, total = 3 }(2), 1))
+  end)
+
+  it("warmup rises linearly to the schedule's first value, then follows the schedule from its step 1", function()
+    local inner = schedule.cosine { base = 1, total = 5, min = 0.2 }
+    local lr = schedule.warmup(4, inner)
+    assert.are.same({ 0.25, 0.5, 0.75, 1 }, { lr(1), lr(2), lr(3), lr(4) })
+    for k = 1, 6 do assert.are.equal(inner(k), lr(4 + k)) end
+    assert.are.equal(inner, schedule.warmup(0, inner))
+    -- warmup + cosine equals warmup_cosine (cosine from phase 1/N after warmup there)
+    local a = schedule.warmup(10, schedule.step { base = 0.3, step_size = 100 })
+    assert.are.equal(0.03, a(1))
+  end)
+
+  it("a scheduler drives any of them", function()
+    local p = param(P0)
+    local opt = optim.SGD({ p }, { lr = 99 })
+    local s = optim.scheduler(opt, schedule.warmup(2, schedule.linear { base = 0.4, total = 3, min = 0.2 }))
+    local seen = {}
+    for k = 1, 5 do seen[k] = s:step() end
+    for k, v in ipairs { 0.2, 0.4, 0.4, 0.3, 0.2 } do assert.is_true(math.abs(seen[k] - v) < 1e-15, k) end
+    assert.are.equal(5, s.k)
+  end)
+
+  it("reject bad options, naming them", function()
+    local function err_of(f, t)
+      local ok, e = pcall(f, t)
+      assert.is_false(ok)
+      return e
+    end
+    assert.truthy(err_of(schedule.step, { base = 1 }):find("optim.schedule.step: option step_size is required", 1, true))
+    assert.truthy(err_of(schedule.step, { base = 1, step_size = 0 }):find("step_size must be an integer >= 1", 1, true))
+    assert.truthy(err_of(schedule.step, { base = 1, step_size = 2.5 }):find("step_size must be an integer >= 1", 1, true))
+    assert.truthy(err_of(schedule.cosine, { base = -1, total = 3 }):find("optim.schedule.cosine: base must be a learning rate >= 0", 1, true))
+    assert.truthy(err_of(schedule.cosine, { base = 1, total = 3, min = 2 }):find("min (2) is above base (1)", 1, true))
+    assert.truthy(err_of(schedule.linear, { base = 1, totl = 3 }):find("unknown option 'totl' (base, min, total)", 1, true))
+    assert.truthy(err_of(schedule.linear, 3):find("expected a table of options", 1, true))
+    assert.truthy(err_of(function(x) return schedule.warmup(-1, x) end, schedule.constant(1)):find("warmup length must be an integer >= 0", 1, true))
+    assert.truthy(err_of(function(x) return schedule.warmup(2, x) end, 0.1):find("expected a schedule function", 1, true))
+    assert.truthy(err_of(schedule.cosine { base = 1, total = 3 }, "x"):find("step must be a number", 1, true))
+  end)
+end)
+
+describe("optim.clip_grad_value", function()
+  it("clamps every gradient element in place to [-v, v], skipping parameters without one", function()
+    local a, b, c = param({ 1, 2, 3 }), param({ 1, 2 }, "float32"), param({ 5 })
+    a.grad = remat.tensor({ -3, 0.5, 2 }, "float64")
+    b.grad = remat.tensor({ 0 / 0, -0.25 }, "float32")
+    optim.clip_grad_value({ a, b, c }, 1)
+    assert.are.same({ -1, 0.5, 1 }, a.grad:totable())
+    local bg = b.grad:totable()
+    assert.is_true(bg[1] ~= bg[1]) -- NaN stays NaN
+    assert.are.equal(-0.25, bg[2])
+    assert.is_nil(c.grad)
+    optim.clip_grad_value(a, 0.5)
+    assert.are.same({ -0.5, 0.5, 0.5 }, a.grad:totable())
+  end)
+
+  it("clamps a strided gradient too", function()
+    local p = param({ { 1, 2 }, { 3, 4 } })
+    p.grad = remat.tensor({ { -5, 1 }, { 0.5, 7 } }, "float64"):transpose(1, 2)
+    optim.clip_grad_value({ p }, 2)
+    assert.are.same({ { -2, 0.5 }, { 1, 2 } }, p.grad:totable())
+  end)
+
+  it("rejects bad arguments", function()
+    local p = param(P0)
+    assert.has_error(function() optim.clip_grad_value({ p }, -1) end, "optim.clip_grad_value: clip_value must be a number >= 0, got number -1")
+    assert.has_error(function() optim.clip_grad_value({ 1 }, 1) end, "optim.clip_grad_value: params[1] is number 1, not a tensor")
+    local q = param(P0)
+    optim.SGD({ q }, { in_backward = true })
+    local ok, e = pcall(optim.clip_grad_value, { q }, 1)
+    assert.is_false(ok)
+    assert.truthy(e:find("in_backward", 1, true), e)
   end)
 end)
 

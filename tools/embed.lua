@@ -1,7 +1,8 @@
 -- Turns the Lua library files into a C array so that the module needs no LUA_PATH:
 -- { module name, source } pairs that luaopen_remat installs in package.preload.
+-- '?' is escaped too: C11 reads "??)" as a trigraph for ']'.
 local function cstring(s)
-  local out = s:gsub('[%c"\\\128-\255]', function(ch)
+  local out = s:gsub('[%c"?\\\128-\255]', function(ch)
     if ch == "\n" then return '\\n"\n"' end
     return string.format("\\%03o", ch:byte())
   end)

@@ -14,7 +14,7 @@
 static int check_step(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, int nout,
                       rm_tensor *const *out, const rm_attrs *a) {
   const rm_op_def *def = rm_op_def_get(op);
-  rm_meta meta[4];
+  rm_meta meta[RM_MAX_OUTPUTS];
   if (nin != def->nin || nout != def->nout)
     return rm_fail(ctx, RM_ERR_ARG, "%s: takes %d inputs and %d outputs (got %d and %d)", def->name, def->nin,
                    def->nout, nin, nout);
@@ -156,5 +156,52 @@ RM_CPU_KERNEL(adamw_step) {
     adam_f32_inplace(rm_tensor_ptr(out[0]), rm_tensor_ptr(in[1]), rm_tensor_ptr(out[1]), rm_tensor_ptr(out[2]),
                      n, k, decoupled ? 1 : wd != 0 ? 2 : 0);
   } else ADAM_LOOP(float, sqrtf);
+  return RM_OK;
+}
+
+/* torch.optim.RMSprop's single-tensor step; an unused state (buf without momentum,
+ * grad_avg when not centered) is copied to its output only when that is another tensor. */
+#define RMSPROP_LOOP(T, SQRT)                                                                 \
+  do {                                                                                        \
+    const T *pp = rm_tensor_ptr(in[0]), *pg = rm_tensor_ptr(in[1]), *psi = rm_tensor_ptr(in[2]); \
+    const T *pbi = rm_tensor_ptr(in[3]), *pai = rm_tensor_ptr(in[4]);                         \
+    T *po = rm_tensor_ptr(out[0]), *ps = rm_tensor_ptr(out[1]), *pb = rm_tensor_ptr(out[2]);  \
+    T *pa = rm_tensor_ptr(out[3]);                                                            \
+    const T lr = (T)a->f[0], alpha = (T)a->f[1], c = (T)(1.0 - a->f[1]), eps = (T)a->f[2];    \
+    const T mom = (T)a->f[3], wdt = (T)wd;                                                    \
+    if (mom == 0 && pb != pbi) memcpy(pb, pbi, sizeof(T) * (size_t)n);                       \
+    if (!centered && pa != pai) memcpy(pa, pai, sizeof(T) * (size_t)n);                       \
+    _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                                       \
+    for (int64_t i = 0; i < n; i++) {                                                         \
+      T p = pp[i], g = pg[i];                                                                 \
+      if (wdt != 0) g = g + wdt * p;                                                          \
+      T s = psi[i] * alpha + c * g * g;                                                       \
+      T avg;                                                                                  \
+      if (centered) {                                                                         \
+        T ga = LERP(pai[i], g, c);                                                            \
+        avg = SQRT(s + (T)-1 * ga * ga) + eps;                                                \
+        pa[i] = ga;                                                                           \
+      } else {                                                                                \
+        avg = SQRT(s) + eps;                                                                  \
+      }                                                                                       \
+      ps[i] = s;                                                                              \
+      if (mom != 0) {                                                                         \
+        T b = pbi[i] * mom + g / avg;                                                         \
+        pb[i] = b;                                                                            \
+        po[i] = p + (-lr) * b;                                                                \
+      } else {                                                                                \
+        po[i] = p + (-lr) * (g / avg);                                                        \
+      }                                                                                       \
+    }                                                                                         \
+  } while (0)
+
+RM_CPU_KERNEL(rmsprop_step) {
+  if (check_step(ctx, RM_OP_RMSPROP_STEP, nin, in, nout, out, a)) return ctx->err_code;
+  int64_t n = rm_tensor_numel(in[0]);
+  double wd;
+  memcpy(&wd, &a->i[0], sizeof wd);
+  bool centered = a->i[1] != 0;
+  if (in[0]->dtype == RM_F64) RMSPROP_LOOP(double, sqrt);
+  else RMSPROP_LOOP(float, sqrtf);
   return RM_OK;
 }

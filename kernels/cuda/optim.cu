@@ -27,7 +27,7 @@ static bool same_shape(const rm_tensor *a, const rm_tensor *b) {
 
 static int check_step(rm_ctx *ctx, const char *op, int want_in, int want_out, int nin,
                       rm_tensor *const *in, int nout, rm_tensor *const *out) {
-  static const char *const names[] = { "param", "grad", "state 1", "state 2" };
+  static const char *const names[] = { "param", "grad", "state 1", "state 2", "state 3" };
   if (nin != want_in || nout != want_out)
     return cu_fail(ctx, RM_ERR_ARG, "%s: takes %d inputs and %d outputs (got %d and %d)", op, want_in,
                    want_out, nin, nout);
@@ -131,4 +131,62 @@ RM_CUDA_KERNEL(adamw_step) {
                     (const T *)cu_ptr(in[3]), (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), (T *)cu_ptr(out[2]),
                     n, 1.0 - b1, b2, 1.0 - b2, a->f[3], lr / bc1, sqrt(bc2), 1.0 - lr * wd, wd, decoupled));
   return CU_LAUNCHED(ctx, "adamw_step kernel");
+}
+
+/* torch.optim.RMSprop; an unused state (buf without momentum, grad_avg when not
+ * centered) is copied to its output only when that is another tensor. */
+template <class T, class G>
+__global__ void rmsprop_kernel(const T *pp, const G *pg, const T *psi, const T *pbi, const T *pai, T *po, T *ps,
+                               T *pb, T *pa, int64_t n, double lr_, double alpha_, double eps_, double mom_,
+                               double wd_, bool centered) {
+  typedef typename cu_acc<T>::type A;
+  const A lr = (A)lr_, alpha = (A)alpha_, c = (A)(1.0 - alpha_), eps = (A)eps_, mom = (A)mom_, wd = (A)wd_;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    A p = cu_ld(pp + i), g = cu_ld(pg + i);
+    if (wd != 0) g = g + wd * p;
+    A s = cu_ld(psi + i) * alpha + c * g * g;
+    A avg;
+    if (centered) {
+      A ga = lerp_(cu_ld(pai + i), g, c);
+      avg = sqrt(s + (A)-1 * ga * ga) + eps;
+      cu_sv(pa + i, ga);
+    } else {
+      avg = sqrt(s) + eps;
+      if (pa != pai) pa[i] = pai[i];
+    }
+    cu_sv(ps + i, s);
+    if (mom != 0) {
+      A b = cu_ld(pbi + i) * mom + g / avg;
+      cu_sv(pb + i, b);
+      cu_sv(po + i, p + (-lr) * b);
+    } else {
+      if (pb != pbi) pb[i] = pbi[i];
+      cu_sv(po + i, p + (-lr) * (g / avg));
+    }
+  }
+}
+
+RM_CUDA_KERNEL(rmsprop_step) {
+  if (check_step(ctx, "rmsprop_step", 5, 4, nin, in, nout, out)) return ctx->err_code;
+  int64_t n = cu_numel(in[0]);
+  if (!n) return RM_OK;
+  double wd;
+  memcpy(&wd, &a->i[0], sizeof wd);
+  bool centered = a->i[1] != 0;
+  cudaStream_t st = cu_st(ctx)->stream;
+  if (in[1]->dtype != in[0]->dtype) /* float32 master, bfloat16 grad */
+    rmsprop_kernel<float, __nv_bfloat16><<<cu_blocks(n), CU_THREADS, 0, st>>>(
+        (const float *)cu_ptr(in[0]), (const __nv_bfloat16 *)cu_ptr(in[1]), (const float *)cu_ptr(in[2]),
+        (const float *)cu_ptr(in[3]), (const float *)cu_ptr(in[4]), (float *)cu_ptr(out[0]),
+        (float *)cu_ptr(out[1]), (float *)cu_ptr(out[2]), (float *)cu_ptr(out[3]), n, a->f[0], a->f[1], a->f[2],
+        a->f[3], wd, centered);
+  else
+    CU_DISPATCH(ctx, "rmsprop_step", in[0]->dtype,
+                rmsprop_kernel<T, T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
+                    (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
+                    (const T *)cu_ptr(in[3]), (const T *)cu_ptr(in[4]), (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]),
+                    (T *)cu_ptr(out[2]), (T *)cu_ptr(out[3]), n, a->f[0], a->f[1], a->f[2], a->f[3], wd,
+                    centered));
+  return CU_LAUNCHED(ctx, "rmsprop_step kernel");
 }

@@ -1,4 +1,4 @@
--- remat.optim: SGD, Adam and AdamW with PyTorch's semantics and defaults (torch.optim,
+-- remat.optim: SGD, Adam, AdamW and RMSprop with PyTorch's semantics and defaults (torch.optim,
 -- single-tensor path), gradient clipping, and learning-rate schedules.
 --
 --   local opt = optim.AdamW(model:parameters(), { lr = 1e-3, weight_decay = 0.01 })
@@ -455,6 +455,87 @@ optim.Adam = adam("Adam", false, 0)
 -- decoupled weight decay (the parameter shrinks by lr * weight_decay).
 optim.AdamW = adam("AdamW", true, 0.01)
 
+---------------------------------------------------------------- RMSprop ----
+
+-- optim.RMSprop(params, {lr = 1e-2, alpha = 0.99, eps = 1e-8, weight_decay = 0,
+-- momentum = 0, centered = false}): torch.optim.RMSprop. Weight decay as L2 (added to
+-- the gradient); state per parameter: step, square_avg, and momentum_buffer (momentum >
+-- 0) and grad_avg (centered) when used.
+function optim.RMSprop(params, opts)
+  local fn = "optim.RMSprop"
+  params = check_params(fn, params)
+  local o = read_opts(fn, opts, { lr = 1e-2, alpha = 0.99, eps = 1e-8, weight_decay = 0, momentum = 0,
+                                  centered = false }, { in_backward = true })
+  local function check(s)
+    check_number(fn, s, "lr", 0)
+    check_number(fn, s, "alpha", 0)
+    if s.alpha > 1 then fail(("%s: invalid alpha %s (must be in [0, 1])"):format(fn, tostring(s.alpha))) end
+    check_number(fn, s, "eps", 0)
+    check_number(fn, s, "weight_decay", 0)
+    check_number(fn, s, "momentum", 0)
+    if type(s.centered) ~= "boolean" then fail(fn .. ": centered must be a boolean, got " .. describe(s.centered)) end
+    return s
+  end
+  check(o)
+  local self = new("RMSprop", params, o, { "lr", "alpha", "eps", "weight_decay", "momentum", "centered" })
+  self.check = check
+  local function wanted(s)
+    local keys = { "square_avg" }
+    if s.momentum > 0 then keys[#keys + 1] = "momentum_buffer" end
+    if s.centered then keys[#keys + 1] = "grad_avg" end
+    return keys
+  end
+  self._state_keys = function(s)
+    local keys = wanted(s)
+    table.insert(keys, 1, "step")
+    return keys
+  end
+  -- makes the state at a parameter's first step (true when it did); a buffer that a
+  -- later change of momentum or centered needs is added to an existing state
+  self._prepare = function(s, i, p)
+    local st, fresh = s.state[i], false
+    if not st then st, fresh = { step = 0 }, true end
+    local made = {}
+    for _, k in ipairs(wanted(s)) do
+      if not st[k] then
+        local ok, t = pcall(state_tensor, p)
+        if not ok then
+          for _, m in ipairs(made) do C.free(st[m]); st[m] = nil end
+          error(t, 0)
+        end
+        st[k] = t
+        made[#made + 1] = k
+      end
+    end
+    s.state[i] = st
+    return fresh
+  end
+  self._update = function(s, i, p, g)
+    local st = s.state[i]
+    st.step = st.step + 1
+    local w = master_of(st, p)
+    -- unused states: the parameter stands in (the kernel leaves an aliased one alone)
+    local b = s.momentum > 0 and st.momentum_buffer or w
+    local ga = s.centered and st.grad_avg or w
+    C.op_into("rmsprop_step", {
+      f = { s.lr, s.alpha, s.eps, s.momentum },
+      i = { C.double_bits(s.weight_decay), s.centered and 1 or 0 },
+    }, { w, g, st.square_avg, b, ga }, { w, st.square_avg, b, ga })
+    store_master(p, w)
+  end
+  self._missing_bytes = function(s, i, p)
+    local st = s.state[i] or {}
+    local f32 = low_precision(p) and "float32" or nil
+    local n = 0
+    for _, k in ipairs(wanted(s)) do
+      if not st[k] then n = n + nbytes(p, f32) end
+    end
+    if f32 and not st.master then n = n + nbytes(p, f32) end
+    return n
+  end
+  return register(self)
+end
+
 ---------------------------------------------------------------- fused into backward ----
 
 -- Called by the context's grad_ready hook (lua/loptim.c) as soon as a leaf's gradient
@@ -557,65 +638,49 @@ function optim.clip_grad_norm(params, max_norm)
   return total
 end
 
----------------------------------------------------------------- schedules ----
-
-local schedule = {}
-optim.schedule = schedule
-
--- schedule.warmup_cosine{warmup = W, total = N, base = lr, min = 0} -> lr(step): rises
--- linearly from base/W at step 1 to base at step W, then follows a half cosine from
--- base down to min at step N; steps past N stay at min. Steps count from 1.
-function schedule.warmup_cosine(o)
-  local fn = "optim.schedule.warmup_cosine"
-  if type(o) ~= "table" then fail(fn .. ": expected {warmup =, total =, base =, min =}, got " .. describe(o)) end
-  for k in pairs(o) do
-    if k ~= "warmup" and k ~= "total" and k ~= "base" and k ~= "min" then
-      fail(("%s: unknown option '%s' (warmup, total, base, min)"):format(fn, tostring(k)))
+-- Fails when a parameter belongs to an optimizer fused into backward: its gradients
+-- are applied and freed before a clipping call could see them.
+local function check_not_fused(fn, params)
+  for _, p in ipairs(params) do
+    local o = owner[C.tensor_id(p)]
+    if o and o.in_backward then
+      fail(fn .. ": a parameter belongs to an optimizer with in_backward = true, which applies and frees each "
+        .. "gradient during backward, before clipping could see it; clip without in_backward")
     end
   end
-  local warmup, total = o.warmup or 0, o.total
-  local base, min = o.base, o.min or 0
-  if type(warmup) ~= "number" or not math.tointeger(warmup) or warmup < 0 then
-    fail(fn .. ": warmup must be an integer >= 0, got " .. describe(o.warmup))
+end
+
+-- optim.clip_grad_value(params, clip_value): every gradient element clamped in place to
+-- [-clip_value, clip_value] (PyTorch's clip_grad_value_; NaN stays NaN). Parameters
+-- without a gradient are skipped; a single tensor counts as a list of one.
+function optim.clip_grad_value(params, clip_value)
+  local fn = "optim.clip_grad_value"
+  if is_tensor(params) then params = { params } end
+  params = check_params(fn, params)
+  check_not_fused(fn, params)
+  if type(clip_value) ~= "number" or not (clip_value >= 0) then
+    fail(("%s: clip_value must be a number >= 0, got %s"):format(fn, describe(clip_value)))
   end
-  if type(total) ~= "number" or not math.tointeger(total) or total < 1 then
-    fail(fn .. ": total must be an integer >= 1, got " .. describe(total))
-  end
-  if warmup > total then fail(("%s: warmup (%d) is longer than total (%d)"):format(fn, warmup, total)) end
-  if type(base) ~= "number" or not (base >= 0) then fail(fn .. ": base must be a learning rate >= 0, got " .. describe(base)) end
-  if type(min) ~= "number" or not (min >= 0 and min <= base) then
-    fail(fn .. ": min must be a number in [0, base], got " .. describe(o.min))
-  end
-  return function(step)
-    if type(step) ~= "number" then fail("schedule: step must be a number, got " .. describe(step)) end
-    if warmup > 0 and step <= warmup then return base * math.max(step, 1) / warmup end
-    if step >= total then return min end
-    local t = (step - warmup) / (total - warmup)
-    return min + (base - min) * 0.5 * (1 + math.cos(math.pi * t))
+  local attrs = { f = { -clip_value, clip_value } }
+  for _, p in ipairs(params) do
+    local g = C.grad(p)
+    if g then
+      local ok, err
+      if C.is_contiguous(g) then
+        ok, err = pcall(C.op_into, "clamp", attrs, { g }, { g })
+      else -- a strided gradient: the clamped copy becomes the gradient
+        ok, err = pcall(function()
+          local c = C.scoped("grad", false, C.op, "clamp", attrs, g)
+          C.set_grad(p, c)
+          C.free(c)
+        end)
+      end
+      C.free(g)
+      if not ok then error(err, 0) end
+    end
   end
 end
 
--- schedule.constant(lr) -> lr(step) = lr.
-function schedule.constant(lr)
-  if type(lr) ~= "number" or not (lr >= 0) then
-    fail("optim.schedule.constant: lr must be a number >= 0, got " .. describe(lr))
-  end
-  return function() return lr end
-end
-
--- optim.scheduler(opt, fn) -> object whose :step() sets opt.lr = fn(k) for the k-th
--- call (call it before each opt:step(): the first update uses fn(1)); :lr() tells.
-function optim.scheduler(opt, fn)
-  if getmetatable(opt) ~= Optimizer then fail("optim.scheduler: expected an optimizer, got " .. describe(opt)) end
-  if type(fn) ~= "function" then fail("optim.scheduler: expected a schedule function, got " .. describe(fn)) end
-  local s = { k = 0 }
-  function s.step()
-    s.k = s.k + 1
-    opt.lr = fn(s.k)
-    return opt.lr
-  end
-  function s.lr() return opt.lr end
-  return s
-end
+-- Learning-rate schedules (optim.schedule, optim.scheduler): lua/remat/schedule.lua.
 
 return optim

@@ -39,6 +39,31 @@ local function ref_adam(p, g, m, v, o, t)
   return np, nm, nv
 end
 
+-- torch.optim.RMSprop on flat tables; returns new param, square_avg, buf and grad_avg.
+local function ref_rmsprop(p, g, sq, buf, ga, o)
+  local np, ns, nb, na = {}, {}, {}, {}
+  for i = 1, #p do
+    local gi = g[i] + o.wd * p[i]
+    local s = sq[i] * o.alpha + (1 - o.alpha) * gi * gi
+    local a, avg = ga[i], nil
+    if o.centered then
+      a = a + (1 - o.alpha) * (gi - a)
+      avg = math.sqrt(s - a * a) + o.eps
+    else
+      avg = math.sqrt(s) + o.eps
+    end
+    local b = buf[i]
+    if o.momentum ~= 0 then
+      b = b * o.momentum + gi / avg
+      np[i] = p[i] - o.lr * b
+    else
+      np[i] = p[i] - o.lr * (gi / avg)
+    end
+    ns[i], nb[i], na[i] = s, b, a
+  end
+  return np, ns, nb, na
+end
+
 local raises = kit.raises
 
 return function(K)
@@ -77,6 +102,32 @@ return function(K)
       K.check(m, em, shape, nil, "m after step " .. t)
       K.check(v, ev, shape, nil, "v after step " .. t)
       pv, mv, vv = C.flat(p), C.flat(m), C.flat(v)
+    end
+  end
+
+  local function rmsprop_attrs(o)
+    return { f = { o.lr, o.alpha, o.eps, o.momentum }, i = { f64bits(o.wd), o.centered and 1 or 0 } }
+  end
+
+  -- A state after some steps: square_avg large enough that square_avg - grad_avg^2
+  -- stays positive (as it does from zeros), grad_avg small.
+  local function run_rmsprop(o, shape, steps)
+    local p, pv = K.rand(shape)
+    local sv = {}
+    for i, x in ipairs(kit.values(shape, 1, 0)) do sv[i] = 3 + x * x end
+    local sq = K.tensor(sv, shape)
+    local b, bv = K.rand(shape)
+    local av = kit.values(shape, -0.3, 0.3)
+    local a = K.tensor(av, shape)
+    for s = 1, steps do
+      local g, gv = K.rand(shape)
+      local ep, es, eb, ea = ref_rmsprop(pv, gv, sv, bv, av, o)
+      p, sq, b, a = op("rmsprop_step", rmsprop_attrs(o), p, g, sq, b, a)
+      K.check(p, ep, shape, nil, "param after step " .. s)
+      K.check(sq, es, shape, nil, "square_avg after step " .. s)
+      K.check(b, eb, shape, nil, "buffer after step " .. s)
+      K.check(a, ea, shape, nil, "grad_avg after step " .. s)
+      pv, sv, bv, av = C.flat(p), C.flat(sq), C.flat(b), C.flat(a)
     end
   end
 
@@ -125,6 +176,41 @@ return function(K)
           raises("sgd_step: nesterov", op, "sgd_step", { f = { 0.1, 0, 0, 0 }, i = { 1, 0 } }, p, g, b)
           raises("sgd_step: invalid learning rate -1", op, "sgd_step", { f = { -1 } }, p, g, b)
           raises("sgd_step: grad is 4 but param is 2x2", op, "sgd_step", { f = { 0.1 } }, p, (K.rand({ 4 })), b)
+        end,
+      },
+    },
+
+    rmsprop_step = {
+      nodiff = "optimizer update: runs in place, outside autograd",
+      forward = {
+        ["plain over 3 steps leaves the unused states alone"] = function()
+          run_rmsprop({ lr = 0.01, alpha = 0.99, eps = 1e-8, momentum = 0, wd = 0, centered = false }, { 4, 3 }, 3)
+        end,
+        ["momentum and weight decay over 3 steps"] = function()
+          run_rmsprop({ lr = 0.02, alpha = 0.9, eps = 1e-6, momentum = 0.9, wd = 0.1, centered = false }, { 7 }, 3)
+        end,
+        ["centered, with momentum, over 3 steps"] = function()
+          run_rmsprop({ lr = 0.01, alpha = 0.8, eps = 1e-4, momentum = 0.5, wd = 0, centered = true }, { 2, 5 }, 3)
+        end,
+        ["centered without momentum; empty and 0-d params"] = function()
+          local o = { lr = 0.01, alpha = 0.3, eps = 1e-3, momentum = 0, wd = 0.01, centered = true }
+          run_rmsprop(o, { 3 }, 2)
+          run_rmsprop(o, { 0, 2 }, 2)
+          run_rmsprop(o, {}, 2)
+        end,
+        ["errors"] = function()
+          local t = {}
+          for i = 1, 5 do t[i] = K.rand({ 2 }) end
+          local function at(f, i) return { f = f, i = i } end
+          raises("rmsprop_step: invalid alpha 1.5", op, "rmsprop_step", at({ 0.1, 1.5, 1e-8, 0 }, { 0, 0 }), table.unpack(t))
+          raises("rmsprop_step: invalid momentum -1", op, "rmsprop_step", at({ 0.1, 0.9, 1e-8, -1 }, { 0, 0 }), table.unpack(t))
+          raises("rmsprop_step: invalid weight_decay -0.5", op, "rmsprop_step",
+                 at({ 0.1, 0.9, 1e-8, 0 }, { f64bits(-0.5), 0 }), table.unpack(t))
+          raises("rmsprop_step: centered (i[1]) must be 0 or 1", op, "rmsprop_step", at({ 0.1, 0.9, 1e-8, 0 }, { 0, 2 }),
+                 table.unpack(t))
+          t[5] = K.rand({ 3 })
+          raises("rmsprop_step: state 3 is 3 but param is 2", op, "rmsprop_step", at({ 0.1, 0.9, 1e-8, 0 }, { 0, 0 }),
+                 table.unpack(t))
         end,
       },
     },
