@@ -145,7 +145,7 @@ rm_module *rm_nn_softmax(rm_ctx *ctx, int64_t dim);
 /* Multi-head causal self-attention on (B, T, d): children "qkv" (d -> 3d), "proj" (d -> d). */
 rm_module *rm_nn_attention(rm_ctx *ctx, int64_t d, int64_t heads, double dropout);
 /* Which computation CausalSelfAttention uses (see core/nn_attention.c): AUTO is the
- * composed ops on the CPU and the fused "attention" op elsewhere. */
+ * fused "attention" op, or the composed ops while training with dropout. */
 typedef enum { RM_ATT_AUTO = 0, RM_ATT_FUSED = 1, RM_ATT_COMPOSED = 2 } rm_att_path;
 /* Sets the path of m (a CausalSelfAttention, or a TransformerBlock's "attn" child).
  * Errors: another module type; FUSED with dropout > 0 (fused attention has no dropout). */

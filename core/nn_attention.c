@@ -10,8 +10,9 @@
  *   It cannot drop attention probabilities, so it requires dropout 0: asking for it
  *   with dropout > 0 is an error, and the automatic choice falls back to the composed
  *   path while training with dropout.
- * The default (RM_ATT_AUTO) is composed on the CPU and fused on other devices (CUDA),
- * where the fused kernel is what pays. */
+ * The default (RM_ATT_AUTO) is the fused path on every device, except while training
+ * with dropout (composed then): it keeps less memory and, on the CPU too, runs faster
+ * (its kernels read q, k, v in place and use the BLAS per block of query rows). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,7 +32,8 @@
 static bool use_fused(const rm_module *m, const rm_tensor *x) {
   if (m->cfg_i[2] == RM_ATT_FUSED) return true;
   if (m->cfg_i[2] == RM_ATT_COMPOSED) return false;
-  return x->device != RM_CPU && !(m->training && m->cfg_f[0] > 0);
+  (void)x;
+  return !(m->training && m->cfg_f[0] > 0);
 }
 
 static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y) {

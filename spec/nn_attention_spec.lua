@@ -1,6 +1,7 @@
--- CausalSelfAttention's two paths: the composed ops (default on the CPU) and the fused
--- "attention" op ({fused = true}; default on CUDA). Same function, same gradients; the
--- fused path keeps no T x T matrix; checkpoint policies can name "attention".
+-- CausalSelfAttention's two paths: the composed ops ({fused = false}; the default only
+-- while training with dropout) and the fused "attention" op (the default otherwise, on
+-- every device). Same function, same gradients; the fused path keeps no T x T matrix;
+-- checkpoint policies can name "attention".
 local remat = require "remat"
 local nn, policy = remat.nn, remat.policy
 local C = remat._C
@@ -85,7 +86,7 @@ describe("CausalSelfAttention fused vs composed", function()
     assert(max_diff(f(x), c(x)) <= 2e-5)
   end)
 
-  it("keeps no T x T matrix: less activation memory than the composed path (the CPU default)", function()
+  it("keeps no T x T matrix: less activation memory than the composed path; the default is fused", function()
     local function saved(m, x)
       collectgarbage()
       collectgarbage()
@@ -98,11 +99,14 @@ describe("CausalSelfAttention fused vs composed", function()
     end
     remat.manual_seed(6)
     local f = nn.CausalSelfAttention(16, 2, 0, { fused = true })
-    local c = nn.CausalSelfAttention(16, 2)
+    local c = nn.CausalSelfAttention(16, 2, 0, { fused = false })
+    local d, dd = nn.CausalSelfAttention(16, 2), nn.CausalSelfAttention(16, 2, 0.1)
     c:load_state_dict(f:state_dict())
     local B, T = 2, 64
     local x = remat.randn(B, T, 16):requires_grad(true)
     local sf, sc = saved(f, x), saved(c, x)
+    assert.equal(sf, saved(d, x)) -- the default: fused (on the CPU too)
+    assert(saved(dd, x) >= sc, "training with dropout: the composed path")
     -- the composed path keeps the softmax output (B, heads, T, T); the fused one its
     -- output (B, heads, T, 8) and lse (B, heads, T) instead (float32)
     local tt, kept = B * 2 * T * T * 4, B * 2 * T * (8 + 1) * 4

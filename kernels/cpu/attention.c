@@ -1,15 +1,22 @@
 /* CPU kernels for fused attention (core/op_attention.c) and its backward helper.
  *
- * The Tq x Tk score matrix is never stored: a task handles a block of ATT_RB query rows
- * (forward, dq) or key rows (dk, dv) of one leading index, one row at a time, with
- * Tk- (or Tq-) long scratch rows. The other operand is first transposed into the
- * thread's scratch (hd x T) so that every inner loop runs over contiguous memory with
- * independent accumulators (vectorisable without reordering any sum).
- * The backward is two passes, dq over query blocks and dk, dv over key blocks, both
- * recomputing the probabilities from q, k and lse: each output row is written by one
- * task, so there are no atomics and results do not depend on the number of threads.
- * The math is the exact softmax(scale q k^T [mask]) v; scores and products accumulate
- * in the data type (as the BLAS products of the composed ops do), row sums in double. */
+ * Blocked over query rows, with the BLAS for every product: a task takes one leading
+ * index (b) and a block of BQ query rows, computes their scores against the keys they
+ * can see with one GEMM (BQ x kmax, sized by SCORE_BUDGET to stay in cache), turns them
+ * into probabilities in place (a vectorised row pass), and multiplies by v with a
+ * second GEMM. The Tq x Tk matrix is never stored whole.
+ * Backward recomputes the probabilities of each block from q, k and lse, then
+ *   dp = gy v^T, ds = p (dp - D) scale (D_i = gy_i . y_i),
+ *   gq = ds k, gk += ds^T q, gv += p^T gy      (five GEMMs a block)
+ * with one task per leading index walking its query blocks in order: gk and gv are
+ * accumulated by one thread in a fixed order, so there are no atomics and the results
+ * do not depend on the number of threads.
+ * q, k, v and gy are read in place when their rows are contiguous (the module passes
+ * (B, H, T, D) views of one packed projection, rows 3C apart); anything else is first
+ * copied. When there are fewer tasks than threads, the loop runs on one thread and the
+ * BLAS calls use the threads instead.
+ * float32 row passes use rm_expf (vectorised, per ISA); float64 stays on libm. Row
+ * sums are accumulated in double. */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -17,15 +24,13 @@
 #include "cpu.h"
 #include "fastmath.h"
 
-#define ATT_RB 16
+/* Scores a task holds at once (elements): BQ = SCORE_BUDGET / Tk rows, a multiple of 8
+ * in [8, 256], so a block's scores (and, in backward, dp) stay in L2. */
+#define SCORE_BUDGET 16384
 
-/* float32 exps on the vectorisable rm_expf (each exp loop below is a SIMD loop of its
- * own), float64 on libm */
-#define EXP(x) _Generic((x), float: rm_expf, default: exp)(x)
-
-/* Geometry shared by both kernels. */
 typedef struct {
   int64_t bh, Tq, Tk, hd, off; /* off = Tk - Tq: causal query i sees keys j <= i + off */
+  int64_t bq;                  /* query rows per block */
   bool causal;
   double scale;
 } att_geo;
@@ -41,183 +46,206 @@ static void geometry(rm_tensor *const *in, const rm_attrs *a, att_geo *g) {
   g->off = g->Tk - g->Tq;
   g->causal = a->i[0] != 0;
   g->scale = a->f[0] != 0 ? a->f[0] : 1.0 / sqrt((double)(g->hd > 0 ? g->hd : 1));
+  int64_t bq = SCORE_BUDGET / (g->Tk > 1 ? g->Tk : 1) / 8 * 8;
+  g->bq = bq < 8 ? 8 : bq > 256 ? 256 : bq;
 }
 
 /* Keys that query i sees: [0, key_end). */
-static inline int64_t key_end(const att_geo *g, int64_t i) {
-  return g->causal ? i + g->off + 1 : g->Tk;
+static inline int64_t key_end(const att_geo *g, int64_t i) { return g->causal ? i + g->off + 1 : g->Tk; }
+
+/* A (..., T, hd) operand as the BLAS reads it: base pointer, row stride (ld) and the
+ * element offset of each leading index. */
+typedef struct {
+  const rm_tensor *t;
+  char *p;
+  int64_t ld;
+} mat;
+
+static mat mat_of(const rm_tensor *t, int64_t hd) {
+  int n = t->ndim;
+  mat m = { t, rm_tensor_ptr(t), n >= 2 && t->shape[n - 2] > 1 ? t->stride[n - 2] : (hd > 1 ? hd : 1) };
+  return m;
 }
 
-/* First query that sees key j. */
-static inline int64_t query_start(const att_geo *g, int64_t j) {
-  return g->causal && j - g->off > 0 ? j - g->off : 0;
+/* Address of row 0 of leading index b. */
+static void *mat_at(const mat *m, int64_t b, size_t es) {
+  const rm_tensor *t = m->t;
+  int64_t off = 0;
+  for (int d = t->ndim - 3; d >= 0; d--) {
+    off += b % t->shape[d] * t->stride[d];
+    b /= t->shape[d];
+  }
+  return m->p + off * (int64_t)es;
 }
 
-/* Per-thread scratch: one workspace tensor (accounted, honours the memory limit) of
- * nth slices of `per` elements each. */
-static rm_tensor *scratch(rm_ctx *ctx, rm_dtype dt, int nth, int64_t per) {
-  int64_t n = (int64_t)nth * (per > 0 ? per : 1);
-  return rm_tensor_new(ctx, dt, RM_CPU, 1, &n, RM_CAT_WORKSPACE);
+/* Whether the BLAS can read t's (T, hd) matrices in place: unit column stride, rows
+ * at least hd apart, strides within int. */
+static bool blas_readable(const rm_tensor *t) {
+  int n = t->ndim;
+  int64_t hd = t->shape[n - 1], T = t->shape[n - 2];
+  if (hd > 1 && t->stride[n - 1] != 1) return false;
+  if (T > 1 && (t->stride[n - 2] < hd || t->stride[n - 2] >= INT32_MAX)) return false;
+  for (int d = 0; d < n - 2; d++)
+    if (t->stride[d] < 0) return false;
+  return true;
 }
 
-/* dst (hd x ld) = rows [r0, r1) of src (rows x hd), transposed, times mul. */
-#define DEFINE_TRANSPOSE(T)                                                          \
-  static void transpose_##T(const T *src, int64_t r0, int64_t r1, int64_t hd, T mul, \
-                            T *dst, int64_t ld) {                                    \
-    for (int64_t r = r0; r < r1; r++)                                                \
-      for (int64_t d = 0; d < hd; d++) dst[d * ld + (r - r0)] = src[r * hd + d] * mul; \
-  }
+/* ---- row passes over one block of scores (f32 vectorised per ISA) ----
+ * fwd: s (nq x n, ld n) holds q k^T for queries i0.. ; each row becomes its
+ * probabilities (0 beyond the keys it sees) and lse[i] its log-sum-exp.
+ * bwd: s becomes scale * p (dp - D) and p (written to p), from s = q k^T, dp = gy v^T. */
 
-/* out[0, n) = sum_d x[d] * mT[d * ld + (0, n)] (mT: a transposed block). */
-#define DEFINE_ROWDOT(T)                                                                \
-  static void rowdots_##T(const T *x, const T *mT, int64_t hd, int64_t ld, int64_t n, \
-                          T *out) {                                                     \
-    for (int64_t j = 0; j < n; j++) out[j] = 0;                                         \
-    for (int64_t d = 0; d < hd; d++) {                                                  \
-      T xd = x[d];                                                                      \
-      const T *row = mT + d * ld;                                                       \
-      _Pragma("omp simd")                                                             \
-      for (int64_t j = 0; j < n; j++) out[j] += xd * row[j];                            \
-    }                                                                                   \
-  }
+#define DEFINE_ROWS(T, EXPF, MV)                                                                 \
+  MV(void, fwd_rows_##T,                                                                         \
+     (const att_geo *g, int64_t i0, int64_t nq, int64_t n, T *restrict s, T *restrict lse),     \
+     (g, i0, nq, n, s, lse), {                                                                   \
+       T sc = (T)g->scale;                                                                       \
+       for (int64_t r = 0; r < nq; r++) {                                                        \
+         T *row = s + r * n;                                                                     \
+         int64_t ke = key_end(g, i0 + r);                                                        \
+         T m = -INFINITY;                                                                        \
+         _Pragma("omp simd reduction(max:m)")                                                    \
+         for (int64_t j = 0; j < ke; j++) {                                                      \
+           T x = row[j] * sc;                                                                    \
+           row[j] = x;                                                                           \
+           m = x > m ? x : m;                                                                    \
+         }                                                                                       \
+         double l = 0;                                                                           \
+         _Pragma("omp simd reduction(+:l)")                                                      \
+         for (int64_t j = 0; j < ke; j++) {                                                      \
+           T e = EXPF(row[j] - m);                                                               \
+           row[j] = e;                                                                           \
+           l += e;                                                                               \
+         }                                                                                       \
+         T inv = l > 0 ? (T)(1.0 / l) : (T)0;                                                    \
+         _Pragma("omp simd")                                                                     \
+         for (int64_t j = 0; j < ke; j++) row[j] *= inv;                                         \
+         for (int64_t j = ke; j < n; j++) row[j] = 0;                                            \
+         lse[r] = ke > 0 ? (T)(m + log(l)) : (T)-INFINITY;                                      \
+       }                                                                                         \
+     })                                                                                          \
+  MV(void, bwd_rows_##T,                                                                         \
+     (const att_geo *g, int64_t i0, int64_t nq, int64_t n, T *restrict s, T *restrict dp,       \
+      const T *restrict lse, const T *restrict D),                                               \
+     (g, i0, nq, n, s, dp, lse, D), {                                                            \
+       T sc = (T)g->scale;                                                                       \
+       for (int64_t r = 0; r < nq; r++) {                                                        \
+         T *srow = s + r * n;                                                                    \
+         T *drow = dp + r * n;                                                                   \
+         int64_t ke = key_end(g, i0 + r);                                                        \
+         T L = lse[r];                                                                           \
+         T Dr = D[r];                                                                            \
+         _Pragma("omp simd")                                                                     \
+         for (int64_t j = 0; j < ke; j++) {                                                      \
+           T p = EXPF(srow[j] * sc - L);                                                         \
+           srow[j] = p;                                                                          \
+           drow[j] = p * (drow[j] - Dr) * sc;                                                    \
+         }                                                                                       \
+         for (int64_t j = ke; j < n; j++) srow[j] = drow[j] = 0;                                 \
+       }                                                                                         \
+     })
 
-/* ---- forward: in q, k, v; out y, lse ---- */
-
-#define DEFINE_FWD(T)                                                                    \
-  static void fwd_##T(const att_geo *g, const T *q, const T *k, const T *v, T *y, T *lse, \
-                      T *work, int64_t per) {                                            \
-    int64_t nb = (g->Tq + ATT_RB - 1) / ATT_RB, hd = g->hd, Tq = g->Tq, Tk = g->Tk;    \
-    _Pragma("omp for schedule(dynamic, 1)")                                              \
-    for (int64_t t = 0; t < g->bh * nb; t++) {                                           \
-      T *qs = work + per * omp_get_thread_num(), *kT = qs + hd, *s = kT + hd * Tk;      \
-      int64_t b = t / nb, i0 = t % nb * ATT_RB;                                          \
-      int64_t i1 = i0 + ATT_RB < Tq ? i0 + ATT_RB : Tq;                                  \
-      const T *qb = q + b * Tq * hd, *kb = k + b * Tk * hd, *vb = v + b * Tk * hd;       \
-      int64_t kmax = key_end(g, i1 - 1);                                                 \
-      transpose_##T(kb, 0, kmax, hd, (T)1, kT, kmax);                                    \
-      for (int64_t i = i0; i < i1; i++) {                                                \
-        int64_t ke = key_end(g, i);                                                      \
-        T *yr = y + (b * Tq + i) * hd;                                                   \
-        for (int64_t d = 0; d < hd; d++) qs[d] = qb[i * hd + d] * (T)g->scale;           \
-        rowdots_##T(qs, kT, hd, kmax, ke, s);                                            \
-        T m = -INFINITY;                                                                 \
-        for (int64_t j = 0; j < ke; j++)                                                 \
-          if (s[j] > m) m = s[j];                                                        \
-        double l = 0;                                                                    \
-        _Pragma("omp simd")                                                             \
-        for (int64_t j = 0; j < ke; j++) s[j] = EXP(s[j] - m);                           \
-        _Pragma("omp simd reduction(+:l)")                                              \
-        for (int64_t j = 0; j < ke; j++) l += s[j];                                      \
-        for (int64_t d = 0; d < hd; d++) yr[d] = 0;                                      \
-        for (int64_t j = 0; j < ke; j++) {                                               \
-          T p = s[j];                                                                    \
-          const T *vr = vb + j * hd;                                                     \
-          _Pragma("omp simd")                                                           \
-          for (int64_t d = 0; d < hd; d++) yr[d] += p * vr[d];                           \
-        }                                                                                \
-        T inv = l > 0 ? (T)(1.0 / l) : (T)0;                                             \
-        for (int64_t d = 0; d < hd; d++) yr[d] *= inv;                                   \
-        lse[b * Tq + i] = (T)(m + log(l));                                               \
-      }                                                                                  \
-    }                                                                                    \
-  }
-
-/* ---- backward: in q, k, v, y, lse, gy; out gq, gk, gv ----
- * ds_ij = p_ij (dp_ij - D_i), dp_ij = gy_i . v_j, D_i = gy_i . y_i;
- * gq_i = scale sum_j ds_ij k_j, gk_j = scale sum_i ds_ij q_i, gv_j = sum_i p_ij gy_i. */
-
-#define DEFINE_BWD(T)                                                                    \
-  static void bwd_dq_##T(const att_geo *g, const T *q, const T *k, const T *v, const T *y, \
-                         const T *lse, const T *gy, T *gq, T *work, int64_t per) {       \
-    int64_t nb = (g->Tq + ATT_RB - 1) / ATT_RB, hd = g->hd, Tq = g->Tq, Tk = g->Tk;    \
-    _Pragma("omp for schedule(dynamic, 1)")                                              \
-    for (int64_t t = 0; t < g->bh * nb; t++) {                                           \
-      T *qs = work + per * omp_get_thread_num(), *kT = qs + hd, *vT = kT + hd * Tk;     \
-      T *s = vT + hd * Tk, *dp = s + Tk;                                                 \
-      int64_t b = t / nb, i0 = t % nb * ATT_RB;                                          \
-      int64_t i1 = i0 + ATT_RB < Tq ? i0 + ATT_RB : Tq;                                  \
-      const T *kb = k + b * Tk * hd, *vb = v + b * Tk * hd;                              \
-      int64_t kmax = key_end(g, i1 - 1);                                                 \
-      transpose_##T(kb, 0, kmax, hd, (T)1, kT, kmax);                                    \
-      transpose_##T(vb, 0, kmax, hd, (T)1, vT, kmax);                                    \
-      for (int64_t i = i0; i < i1; i++) {                                                \
-        int64_t r = b * Tq + i, ke = key_end(g, i);                                      \
-        const T *gyr = gy + r * hd, *yr = y + r * hd;                                    \
-        T *gqr = gq + r * hd;                                                            \
-        double D = 0;                                                                    \
-        for (int64_t d = 0; d < hd; d++) {                                               \
-          qs[d] = q[r * hd + d] * (T)g->scale;                                           \
-          D += (double)gyr[d] * yr[d];                                                   \
-        }                                                                                \
-        rowdots_##T(qs, kT, hd, kmax, ke, s);                                            \
-        rowdots_##T(gyr, vT, hd, kmax, ke, dp);                                          \
-        T L = lse[r], Dt = (T)D;                                                         \
-        for (int64_t d = 0; d < hd; d++) gqr[d] = 0;                                     \
-        _Pragma("omp simd")                                                             \
-        for (int64_t j = 0; j < ke; j++) s[j] = EXP(s[j] - L);                           \
-        for (int64_t j = 0; j < ke; j++) {                                               \
-          T ds = s[j] * (dp[j] - Dt);                                                    \
-          const T *kr = kb + j * hd;                                                     \
-          _Pragma("omp simd")                                                           \
-          for (int64_t d = 0; d < hd; d++) gqr[d] += ds * kr[d];                         \
-        }                                                                                \
-        for (int64_t d = 0; d < hd; d++) gqr[d] *= (T)g->scale;                          \
-      }                                                                                  \
-    }                                                                                    \
-  }                                                                                      \
-                                                                                         \
-  static void bwd_dkv_##T(const att_geo *g, const T *q, const T *k, const T *v, const T *y, \
-                          const T *lse, const T *gy, T *gk, T *gv, T *work, int64_t per) { \
-    int64_t nb = (g->Tk + ATT_RB - 1) / ATT_RB, hd = g->hd, Tq = g->Tq, Tk = g->Tk;    \
-    _Pragma("omp for schedule(dynamic, 1)")                                              \
-    for (int64_t t = 0; t < g->bh * nb; t++) {                                           \
-      T *qT = work + per * omp_get_thread_num(), *gT = qT + hd * Tq;                    \
-      T *s = gT + hd * Tq, *dp = s + Tq, *D = dp + Tq;                                   \
-      int64_t b = t / nb, j0 = t % nb * ATT_RB;                                          \
-      int64_t j1 = j0 + ATT_RB < Tk ? j0 + ATT_RB : Tk;                                  \
-      const T *qb = q + b * Tq * hd, *gyb = gy + b * Tq * hd, *yb = y + b * Tq * hd;     \
-      const T *Lb = lse + b * Tq;                                                        \
-      int64_t is = query_start(g, j0), nq = Tq - is;                                     \
-      transpose_##T(qb, is, Tq, hd, (T)g->scale, qT, nq);                                \
-      transpose_##T(gyb, is, Tq, hd, (T)1, gT, nq);                                      \
-      for (int64_t i = is; i < Tq; i++) {                                                \
-        double acc = 0;                                                                  \
-        for (int64_t d = 0; d < hd; d++) acc += (double)gyb[i * hd + d] * yb[i * hd + d]; \
-        D[i - is] = (T)acc;                                                              \
-      }                                                                                  \
-      for (int64_t j = j0; j < j1; j++) {                                                \
-        int64_t r = b * Tk + j, i0 = query_start(g, j) - is;                             \
-        T *gkr = gk + r * hd, *gvr = gv + r * hd;                                        \
-        /* scores of key j against queries is + [i0, nq), stored from s[i0] */          \
-        rowdots_##T(k + r * hd, qT + i0, hd, nq, nq - i0, s + i0);                       \
-        rowdots_##T(v + r * hd, gT + i0, hd, nq, nq - i0, dp + i0);                      \
-        for (int64_t d = 0; d < hd; d++) gkr[d] = gvr[d] = 0;                            \
-        _Pragma("omp simd")                                                             \
-        for (int64_t i = i0; i < nq; i++) s[i] = EXP(s[i] - Lb[is + i]);                 \
-        for (int64_t i = i0; i < nq; i++) {                                              \
-          T p = s[i], ds = p * (dp[i] - D[i]);                                           \
-          const T *qr = qb + (is + i) * hd, *gr = gyb + (is + i) * hd;                   \
-          _Pragma("omp simd")                                                           \
-          for (int64_t d = 0; d < hd; d++) {                                             \
-            gvr[d] += p * gr[d];                                                         \
-            gkr[d] += ds * qr[d];                                                        \
-          }                                                                              \
-        }                                                                                \
-        for (int64_t d = 0; d < hd; d++) gkr[d] *= (T)g->scale;                          \
-      }                                                                                  \
-    }                                                                                    \
-  }
-
-typedef double f64;
+#define PLAIN(ret, name, params, args, body) static ret name params body
 typedef float f32;
-DEFINE_TRANSPOSE(f32)
-DEFINE_TRANSPOSE(f64)
+typedef double f64;
+DEFINE_ROWS(f32, rm_expf, RM_FM_MULTIVERSION)
+DEFINE_ROWS(f64, exp, PLAIN)
+
+/* D[r] = gy_r . y_r over hd, in double. */
+#define DEFINE_ROWDOT(T)                                                                  \
+  static void rowdot_##T(const T *gy, int64_t ldg, const T *y, int64_t hd, int64_t nq,   \
+                         T *D) {                                                          \
+    for (int64_t r = 0; r < nq; r++) {                                                    \
+      double acc = 0;                                                                     \
+      for (int64_t d = 0; d < hd; d++) acc += (double)gy[r * ldg + d] * y[r * hd + d];   \
+      D[r] = (T)acc;                                                                      \
+    }                                                                                     \
+  }
 DEFINE_ROWDOT(f32)
 DEFINE_ROWDOT(f64)
-DEFINE_FWD(f32)
-DEFINE_FWD(f64)
-DEFINE_BWD(f32)
-DEFINE_BWD(f64)
+
+/* ---- tasks ---- */
+
+/* C (m x n, ldc) = op(A) op(B) + beta C through the context's BLAS; an empty inner
+ * dimension gives beta C (0 or C) without a call. */
+static void gemm(rm_ctx *ctx, rm_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a,
+                 int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0) {
+      size_t es = rm_dtype_size(dt);
+      for (int64_t r = 0; r < m; r++) memset((char *)c + r * ldc * (int64_t)es, 0, (size_t)n * es);
+    }
+    return;
+  }
+  rm_cpu_gemm(ctx, rm_cpu_blas_of(ctx), dt, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
+typedef struct {
+  rm_ctx *ctx;
+  att_geo g;
+  rm_dtype dt;
+  size_t es;
+  mat q, k, v, gy;
+  char *y, *lse, *gq, *gk, *gv, *work;
+  int64_t per; /* work elements per thread */
+} att_job;
+
+#define EL(p, i) ((p) + (int64_t)(i) * (int64_t)J->es)
+#define N_ RM_BLAS_NOTRANS
+#define T_ RM_BLAS_TRANS
+
+/* Forward of query block t (of leading index t / nblocks). */
+static void fwd_task(const att_job *J, int64_t t, char *s) {
+  const att_geo *g = &J->g;
+  int64_t nb = (g->Tq + g->bq - 1) / g->bq, b = t / nb, i0 = t % nb * g->bq;
+  int64_t nq = i0 + g->bq < g->Tq ? g->bq : g->Tq - i0, hd = g->hd;
+  int64_t kmax = key_end(g, i0 + nq - 1);
+  char *y = EL(J->y, (b * g->Tq + i0) * hd), *lse = EL(J->lse, b * g->Tq + i0);
+  const char *qb = EL((char *)mat_at(&J->q, b, J->es), i0 * J->q.ld);
+  /* s = q k^T (nq x kmax) */
+  gemm(J->ctx, J->dt, N_, T_, nq, kmax, hd, qb, J->q.ld, mat_at(&J->k, b, J->es), J->k.ld, 0.0, s, kmax);
+  if (J->dt == RM_F64) fwd_rows_f64(g, i0, nq, kmax, (f64 *)s, (f64 *)lse);
+  else fwd_rows_f32(g, i0, nq, kmax, (f32 *)s, (f32 *)lse);
+  /* y = p v (nq x hd) */
+  gemm(J->ctx, J->dt, N_, N_, nq, hd, kmax, s, kmax, mat_at(&J->v, b, J->es), J->v.ld, 0.0, y, hd);
+}
+
+/* Backward of leading index b: its query blocks in order. */
+static void bwd_task(const att_job *J, int64_t b, char *work) {
+  const att_geo *g = &J->g;
+  int64_t hd = g->hd, Tq = g->Tq, Tk = g->Tk;
+  char *s = work, *dp = EL(work, g->bq * Tk), *D = EL(dp, g->bq * Tk);
+  const char *qb = mat_at(&J->q, b, J->es), *kb = mat_at(&J->k, b, J->es);
+  const char *vb = mat_at(&J->v, b, J->es), *gyb = mat_at(&J->gy, b, J->es);
+  char *gk = EL(J->gk, b * Tk * hd), *gv = EL(J->gv, b * Tk * hd);
+  memset(gk, 0, (size_t)(Tk * hd) * J->es);
+  memset(gv, 0, (size_t)(Tk * hd) * J->es);
+  for (int64_t i0 = 0; i0 < Tq; i0 += g->bq) {
+    int64_t nq = i0 + g->bq < Tq ? g->bq : Tq - i0;
+    int64_t kmax = key_end(g, i0 + nq - 1);
+    const char *qi = EL(qb, i0 * J->q.ld), *gyi = EL(gyb, i0 * J->gy.ld);
+    const char *yi = EL(J->y, (b * Tq + i0) * hd), *lse = EL(J->lse, b * Tq + i0);
+    char *gq = EL(J->gq, (b * Tq + i0) * hd);
+    if (kmax == 0) {
+      memset(gq, 0, (size_t)(nq * hd) * J->es);
+      continue;
+    }
+    gemm(J->ctx, J->dt, N_, T_, nq, kmax, hd, qi, J->q.ld, kb, J->k.ld, 0.0, s, kmax);    /* q k^T */
+    gemm(J->ctx, J->dt, N_, T_, nq, kmax, hd, gyi, J->gy.ld, vb, J->v.ld, 0.0, dp, kmax); /* gy v^T */
+    if (J->dt == RM_F64) {
+      rowdot_f64((const f64 *)gyi, J->gy.ld, (const f64 *)yi, hd, nq, (f64 *)D);
+      bwd_rows_f64(g, i0, nq, kmax, (f64 *)s, (f64 *)dp, (const f64 *)lse, (const f64 *)D);
+    } else {
+      rowdot_f32((const f32 *)gyi, J->gy.ld, (const f32 *)yi, hd, nq, (f32 *)D);
+      bwd_rows_f32(g, i0, nq, kmax, (f32 *)s, (f32 *)dp, (const f32 *)lse, (const f32 *)D);
+    }
+    /* dp now holds ds (scaled), s holds p */
+    gemm(J->ctx, J->dt, N_, N_, nq, hd, kmax, dp, kmax, kb, J->k.ld, 0.0, gq, hd);      /* gq = ds k */
+    gemm(J->ctx, J->dt, T_, N_, kmax, hd, nq, dp, kmax, qi, J->q.ld, 1.0, gk, hd);      /* gk += ds^T q */
+    gemm(J->ctx, J->dt, T_, N_, kmax, hd, nq, s, kmax, gyi, J->gy.ld, 1.0, gv, hd);     /* gv += p^T gy */
+  }
+}
 
 /* Threads for a problem of this much work (1 below the parallel threshold). */
 static int threads_for(const att_geo *g) {
@@ -225,23 +253,40 @@ static int threads_for(const att_geo *g) {
   return work > RM_CPU_PAR_MIN ? omp_get_max_threads() : 1;
 }
 
-static int attention_contig(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out, const rm_attrs *a);
-static int attention_backward_contig(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out,
-                                     const rm_attrs *a);
+/* Runs ntask tasks: over the threads when there are enough tasks (the BLAS then runs
+ * single-threaded inside each), else in order on this thread (the BLAS uses the
+ * threads). */
+static void run_tasks(const att_job *J, int64_t ntask, int nth, bool fwd) {
+  if (nth > 1 && ntask >= nth) {
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nth)")
+    for (int64_t t = 0; t < ntask; t++) {
+      char *w = EL(J->work, J->per * omp_get_thread_num());
+      if (fwd) fwd_task(J, t, w);
+      else bwd_task(J, t, w);
+    }
+  } else {
+    for (int64_t t = 0; t < ntask; t++) {
+      if (fwd) fwd_task(J, t, J->work);
+      else bwd_task(J, t, J->work);
+    }
+  }
+}
 
-/* The ops take strided inputs (the CUDA kernels read (B, H, T, D) views of a packed
- * projection in place); these kernels walk contiguous rows: c[i] is in[i] itself (held)
- * or a contiguous workspace copy made by the copy kernel (nothing recorded). */
+/* ---- kernels ---- */
+
 RM_CPU_KERNEL(copy);
 
-static int contig_inputs(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor **c) {
+/* c[i] = in[i] when the BLAS can read it in place (held), else a contiguous workspace
+ * copy made by the copy kernel (nothing recorded). */
+static int readable_inputs(rm_ctx *ctx, int nin, rm_tensor *const *in, unsigned need_rows, rm_tensor **c) {
   int rc = RM_OK;
   rm_attrs none;
   memset(&none, 0, sizeof none);
   for (int i = 0; i < nin; i++) c[i] = NULL;
   for (int i = 0; i < nin && !rc; i++) {
     rm_tensor *t = in[i];
-    if (rm_tensor_is_contiguous(t)) {
+    bool ok = (need_rows >> i & 1) ? blas_readable(t) : rm_tensor_is_contiguous(t);
+    if (ok) {
       rm_tensor_hold(t);
       c[i] = t;
       continue;
@@ -258,69 +303,71 @@ static void drop_inputs(rm_ctx *ctx, int nin, rm_tensor **c) {
   for (int i = 0; i < nin; i++) rm_tensor_drop(ctx, c[i]);
 }
 
+/* Per-thread scratch: one workspace tensor (accounted, honours the memory limit). */
+static int job_init(rm_ctx *ctx, att_job *J, rm_tensor *const *c, const rm_attrs *a, int64_t per, int nth,
+                    rm_tensor **w) {
+  memset(J, 0, sizeof *J);
+  J->ctx = ctx;
+  geometry(c, a, &J->g);
+  J->dt = c[0]->dtype;
+  J->es = rm_dtype_size(J->dt);
+  J->q = mat_of(c[0], J->g.hd);
+  J->k = mat_of(c[1], J->g.hd);
+  J->v = mat_of(c[2], J->g.hd);
+  J->per = per > 0 ? per : 1;
+  int64_t n = (int64_t)nth * J->per;
+  if (!(*w = rm_tensor_new(ctx, J->dt, RM_CPU, 1, &n, RM_CAT_WORKSPACE))) return ctx->err_code;
+  J->work = rm_tensor_ptr(*w);
+  rm_cpu_blas *bl = rm_cpu_blas_of(ctx);
+  if (!bl->warned) rm_cpu_blas_warn(ctx, bl); /* once, before any thread calls the BLAS */
+  return RM_OK;
+}
+
 RM_CPU_KERNEL(attention) {
   (void)nout;
-  rm_tensor *c[3];
-  if (nin != 3 || contig_inputs(ctx, nin, in, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;
-  int rc = attention_contig(ctx, c, out, a);
-  drop_inputs(ctx, nin, c);
+  rm_tensor *c[3], *w = NULL;
+  if (nin != 3 || readable_inputs(ctx, 3, in, 7, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;
+  att_geo g;
+  geometry(c, a, &g);
+  int rc = RM_OK;
+  if (g.bh * g.Tq > 0) {
+    int nth = threads_for(&g);
+    att_job J;
+    int64_t Tk1 = g.Tk > 0 ? g.Tk : 1;
+    if (!(rc = job_init(ctx, &J, c, a, g.bq * Tk1, nth, &w))) {
+      J.y = rm_tensor_ptr(out[0]);
+      J.lse = rm_tensor_ptr(out[1]);
+      run_tasks(&J, g.bh * ((g.Tq + g.bq - 1) / g.bq), nth, true);
+    }
+  }
+  rm_tensor_drop(ctx, w);
+  drop_inputs(ctx, 3, c);
   return rc;
 }
 
 RM_CPU_KERNEL(attention_backward) {
   (void)nout;
-  rm_tensor *c[6];
-  if (nin != 6 || contig_inputs(ctx, nin, in, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;
-  int rc = attention_backward_contig(ctx, c, out, a);
-  drop_inputs(ctx, nin, c);
-  return rc;
-}
-
-static int attention_contig(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out, const rm_attrs *a) {
+  rm_tensor *c[6], *w = NULL;
+  /* q, k, v and gy read in place; y and lse contiguous */
+  if (nin != 6 || readable_inputs(ctx, 6, in, 1 | 2 | 4 | 32, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;
   att_geo g;
-  geometry(in, a, &g);
-  if (g.bh * g.Tq == 0) return RM_OK;
-  int nth = threads_for(&g);
-  int64_t per = g.hd + g.hd * g.Tk + g.Tk;
-  rm_tensor *w = scratch(ctx, in[0]->dtype, nth, per);
-  if (!w) return ctx->err_code;
-  void *q = rm_tensor_ptr(in[0]), *k = rm_tensor_ptr(in[1]), *v = rm_tensor_ptr(in[2]);
-  void *y = rm_tensor_ptr(out[0]), *lse = rm_tensor_ptr(out[1]), *wp = rm_tensor_ptr(w);
-  bool dbl = in[0]->dtype == RM_F64;
-  #pragma omp parallel num_threads(nth) if (nth > 1)
-  {
-    if (dbl) fwd_f64(&g, q, k, v, y, lse, wp, per);
-    else fwd_f32(&g, q, k, v, y, lse, wp, per);
-  }
-  rm_tensor_drop(ctx, w);
-  return RM_OK;
-}
-
-static int attention_backward_contig(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out,
-                                     const rm_attrs *a) {
-  att_geo g;
-  geometry(in, a, &g);
-  if (g.bh == 0) return RM_OK;
-  int nth = threads_for(&g);
-  int64_t per_q = g.hd + 2 * g.hd * g.Tk + 2 * g.Tk, per_k = 2 * g.hd * g.Tq + 3 * g.Tq;
-  int64_t per = per_q > per_k ? per_q : per_k;
-  rm_tensor *w = scratch(ctx, in[0]->dtype, nth, per);
-  if (!w) return ctx->err_code;
-  void *q = rm_tensor_ptr(in[0]), *k = rm_tensor_ptr(in[1]), *v = rm_tensor_ptr(in[2]);
-  void *y = rm_tensor_ptr(in[3]), *lse = rm_tensor_ptr(in[4]), *gy = rm_tensor_ptr(in[5]);
-  void *gq = rm_tensor_ptr(out[0]), *gk = rm_tensor_ptr(out[1]), *gv = rm_tensor_ptr(out[2]);
-  void *wp = rm_tensor_ptr(w);
-  bool dbl = in[0]->dtype == RM_F64;
-  #pragma omp parallel num_threads(nth) if (nth > 1)
-  {
-    if (dbl) {
-      bwd_dq_f64(&g, q, k, v, y, lse, gy, gq, wp, per);
-      bwd_dkv_f64(&g, q, k, v, y, lse, gy, gk, gv, wp, per);
-    } else {
-      bwd_dq_f32(&g, q, k, v, y, lse, gy, gq, wp, per);
-      bwd_dkv_f32(&g, q, k, v, y, lse, gy, gk, gv, wp, per);
+  geometry(c, a, &g);
+  int rc = RM_OK;
+  if (g.bh > 0) {
+    int nth = threads_for(&g);
+    att_job J;
+    int64_t Tk1 = g.Tk > 0 ? g.Tk : 1;
+    if (!(rc = job_init(ctx, &J, c, a, 2 * g.bq * Tk1 + g.bq, nth, &w))) {
+      J.gy = mat_of(c[5], g.hd);
+      J.y = rm_tensor_ptr(c[3]);
+      J.lse = rm_tensor_ptr(c[4]);
+      J.gq = rm_tensor_ptr(out[0]);
+      J.gk = rm_tensor_ptr(out[1]);
+      J.gv = rm_tensor_ptr(out[2]);
+      run_tasks(&J, g.bh, nth, false);
     }
   }
   rm_tensor_drop(ctx, w);
-  return RM_OK;
+  drop_inputs(ctx, 6, c);
+  return rc;
 }

@@ -59,6 +59,9 @@ void rm_cpu_blas_report(const rm_cpu_blas *b, rm_info *r);
 const char *rm_cpu_simd_name(void);
 /* The context's BLAS (the backend is initialised before any kernel runs). */
 rm_cpu_blas *rm_cpu_blas_of(rm_ctx *ctx);
+/* Logs, once (sets b->warned), when the BLAS leaves speed on the table; rm_cpu_gemm calls
+ * it at the first product. Call it before calling the BLAS from several threads. */
+void rm_cpu_blas_warn(rm_ctx *ctx, rm_cpu_blas *b);
 /* C (m x n, ldc) = op(A) op(B) + beta C, row-major, in dtype dt; ta/tb: RM_BLAS_*. */
 void rm_cpu_gemm(rm_ctx *ctx, rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64_t m, int64_t n,
                  int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, double beta,

@@ -88,6 +88,32 @@ static int64_t geo_off(const rgeo *g, const int *dims, int nd, int64_t q) {
 DEF_SEGSUM(float)
 DEF_SEGSUM(double)
 
+/* acc[0, jn) += the jn-long rows src + p * stride, p in [0, R), in order (each column's
+ * sum in double, row by row: the same bits whatever the vector width). Per ISA, and
+ * with the full-width block as its own loop, so that it vectorises: it carries the bias
+ * gradients (column sums of a (rows, out) gradient). */
+#define DEF_COLSUM(T)                                                                    \
+  RM_FM_MULTIVERSION(void, colsum_##T,                                                   \
+                     (const T *restrict src, int64_t stride, int64_t R, int64_t jn,      \
+                      double *restrict acc),                                             \
+                     (src, stride, R, jn, acc), {                                        \
+                       if (jn == BLK) {                                                  \
+                         for (int64_t p = 0; p < R; p++) {                               \
+                           const T *b = src + p * stride;                                \
+                           _Pragma("omp simd")                                           \
+                           for (int64_t j = 0; j < BLK; j++) acc[j] += b[j];             \
+                         }                                                               \
+                       } else {                                                          \
+                         for (int64_t p = 0; p < R; p++) {                               \
+                           const T *b = src + p * stride;                                \
+                           _Pragma("omp simd")                                           \
+                           for (int64_t j = 0; j < jn; j++) acc[j] += b[j];              \
+                         }                                                               \
+                       }                                                                 \
+                     })
+DEF_COLSUM(float)
+DEF_COLSUM(double)
+
 #define DEF_SUMENG(T)                                                                    \
   static void sumeng_##T(const T *src, T *dst, int ndim, const int64_t *shape,           \
                          const bool *red, int64_t nin, int64_t nout, double div) {      \
@@ -113,10 +139,11 @@ DEF_SEGSUM(double)
         int64_t q = t / nb, j0 = (t % nb) * BLK, jn = L - j0 < BLK ? L - j0 : BLK;       \
         int64_t ioff = geo_off(&g, kd, nk - 1, q) + j0;                                  \
         double acc[BLK] = { 0 };                                                         \
-        for (int64_t p = 0; p < R; p++) {                                                \
-          const T *b = src + ioff + geo_off(&g, rd, nr, p);                              \
-          for (int64_t j = 0; j < jn; j++) acc[j] += b[j];                               \
-        }                                                                                \
+        if (nr == 1) /* one summed run: rows a fixed stride apart */                     \
+          colsum_##T(src + ioff, g.istride[rd[0]], R, jn, acc);                          \
+        else                                                                             \
+          for (int64_t p = 0; p < R; p++)                                                \
+            colsum_##T(src + ioff + geo_off(&g, rd, nr, p), 0, 1, jn, acc);              \
         for (int64_t j = 0; j < jn; j++) dst[q * L + j0 + j] = (T)(acc[j] / div);        \
       }                                                                                  \
     } else {                                                                             \

@@ -105,6 +105,13 @@ return function(K)
     return K.tensor(v, shape)
   end
   local function attrs(causal, scale) return { i = { causal and 1 or 0 }, f = { scale or 0 } } end
+  -- A (B, H, T, D) view of a contiguous (B, T, H, D) tensor (rows H*D apart), as the
+  -- module passes q, k, v: the CPU kernels read such views in place.
+  local function packed(shape)
+    local base = K.rand({ shape[1], shape[3], shape[2], shape[4] })
+    local t = op("transpose", { i = { 1, 2 } }, base)
+    return t, C.flat(t)
+  end
 
   -- Runs attention on q (qshape) with Tk keys against the oracle; maker(shape) gives
   -- a tensor and its flat values (K.rand or K.noncontig).
@@ -189,6 +196,11 @@ return function(K)
       check({ 2, 3, 37, 16 }, 37, true)
       check({ 1, 2, 20, 8 }, 45, false)
     end,
+    ["many query blocks (the CPU takes 16384 / Tk rows at a time), packed (B, H, T, D) views"] = function()
+      check({ 1, 2, 400, 2 }, 400, true, nil, packed)
+      check({ 2, 1, 100, 3 }, 300, true, 0.8, packed)
+      check({ 1, 1, 90, 2 }, 600, false)
+    end,
     ["errors: shapes, causal with more queries than keys, dtypes, attrs"] = function()
       local q = (K.rand({ 2, 3, 4 }))
       raises("k has shape 2x3x5 but q has shape 2x3x4", op, "attention", nil, q, (K.rand({ 2, 3, 5 })), (K.rand({ 2, 3, 5 })))
@@ -208,12 +220,12 @@ return function(K)
 
   -- attention_backward called directly: (q, k, v, y, lse, gy) with y and lse from the
   -- forward, against the explicit-matrix gradient.
-  local function bw_check(qshape, Tk, causal, scale, maker)
-    maker = maker or K.rand
+  local function bw_check(qshape, Tk, causal, scale, maker, qkv_maker)
+    maker, qkv_maker = maker or K.rand, qkv_maker or K.rand
     local ks = kshape(qshape, Tk)
-    local q, qv = K.rand(qshape)
-    local k, kv = K.rand(ks)
-    local v, vv = K.rand(ks)
+    local q, qv = qkv_maker(qshape)
+    local k, kv = qkv_maker(ks)
+    local v, vv = qkv_maker(ks)
     local y, lse = with_lse(q, k, v, qshape, causal, scale)
     local gy, gyv = maker(qshape)
     local gq, gk, gv = op("attention_backward", attrs(causal, scale), q, k, v, y, lse, gy)
@@ -237,6 +249,11 @@ return function(K)
       ["several row and key blocks (parallel passes)"] = function()
         bw_check({ 2, 35, 8 }, 35, true)
         bw_check({ 1, 18, 4 }, 40, true)
+      end,
+      ["many query blocks accumulating gk and gv, packed (B, H, T, D) views"] = function()
+        bw_check({ 1, 2, 300, 2 }, 300, true, nil, packed, packed)
+        bw_check({ 2, 1, 100, 3 }, 300, true, 0.8, K.noncontig, packed)
+        bw_check({ 1, 1, 90, 2 }, 600, false)
       end,
       ["empty: no queries (gk, gv are zeros), no keys (gq is zero)"] = function()
         bw_check({ 2, 0, 3 }, 4, false)
