@@ -148,6 +148,13 @@ return function(K)
         local seed, offset = C.rng_state()
         K.check(dropout(x, 0.3), dropout_ref(flat(x), 0.3, seed, offset), { 3, 5, 7 })
       end,
+      ["matches the Philox mask across the kernel's vector blocks and chunks (p = 0.1)"] = function()
+        C.manual_seed(12)
+        draw("rand", { 6 }) -- an offset not at a block's start
+        local x = K.rand({ 7, 641 }) -- 4487 elements: 70 blocks of 64 (two chunks) and a tail
+        local seed, offset = C.rng_state()
+        K.check(dropout(x, 0.1), dropout_ref(flat(x), 0.1, seed, offset), { 7, 641 })
+      end,
       ["p = 0 is the identity (NaN and inf included)"] = function()
         local v = { 1.5, -2, 0 / 0, math.huge, -math.huge, 0 }
         same_bits(flat(dropout(K.tensor(v, { 6 }), 0)), flat(K.tensor(v, { 6 })), "dropout p=0")
