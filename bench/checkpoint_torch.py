@@ -13,8 +13,14 @@ Policies:
                     reentrant and does NOT checkpoint its last segment; the input is
                     made to require grad (MLP) / the embedding runs outside (GPT) so
                     that the first segment's parameters get gradients
-There is no selective checkpointing API in torch 1.13 (selective checkpoint contexts
-arrived in 2.x) and no budget planner, so those rows are absent.
+  sacmm             the same contexts with the policy of PyTorch's documentation: save
+                    matmul outputs, recompute everything else
+  selective         torch 2.x's selective activation checkpointing
+                    (create_selective_checkpoint_contexts) around each layer: the
+                    outputs of softmax, gelu and dropout are recomputed, everything else
+                    saved (remat's selective{softmax,gelu,dropout}); absent before 2.4
+There is no budget planner in PyTorch: the Lua side compares remat's budget() with
+every row at that row's memory.
 
 Peak memory: CPU has no allocator statistics in torch 1.13, so the step runs once
 under torch.profiler with profile_memory=True and the running sum of the allocation
@@ -33,6 +39,25 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+try:
+    from functools import partial
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    _ops = torch.ops.aten
+    RECOMPUTE = {_ops._softmax.default, _ops.gelu.default, _ops.native_dropout.default,
+                 _ops.empty_like.default, _ops.bernoulli_.float, _ops.bernoulli.p, _ops.div_.Scalar, _ops.mul.Tensor}
+
+    MATMULS = {_ops.mm.default, _ops.addmm.default, _ops.bmm.default, _ops.matmul.default}
+
+    def _sac_policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.PREFER_RECOMPUTE if op in RECOMPUTE else CheckpointPolicy.MUST_SAVE
+
+    def _sac_mm_policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+    SAC = {"selective": partial(create_selective_checkpoint_contexts, _sac_policy),
+           "sacmm": partial(create_selective_checkpoint_contexts, _sac_mm_policy)}
+except ImportError:
+    SAC = None
 
 
 def parse_args(argv):
@@ -119,18 +144,27 @@ def run_every(layers, k, x):
     return x
 
 
+def run_selective(layers, x, which):
+    """A selective checkpoint around each layer (SAC[which]'s policy)."""
+    for m in layers:
+        x = checkpoint(m, x, use_reentrant=False, context_fn=SAC[which])
+    return x
+
+
 def forward_fn(model, policy, is_gpt):
     layers = list(model.children())
     kind, k = policy
     if kind == "none":
         return model
+    if kind == "selective":
+        return lambda x: run_selective(layers, x, k)
     if kind == "every":
         return lambda x: run_every(layers, k, x)
     # checkpoint_sequential: reentrant, so its first segment's input must require grad
     if is_gpt:
         rest = nn.Sequential(*layers[1:])
-        return lambda x: checkpoint_sequential(rest, k, layers[0](x))
-    return lambda x: checkpoint_sequential(model, k, x.detach().requires_grad_(True))
+        return lambda x: checkpoint_sequential(rest, k, layers[0](x), use_reentrant=True)
+    return lambda x: checkpoint_sequential(model, k, x.detach().requires_grad_(True), use_reentrant=True)
 
 
 def step(model, fn, x, y, vocab):
@@ -149,7 +183,7 @@ def peak_bytes(model, fn, x, y, vocab):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step(model, fn, x, y, vocab)
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_us())
+    events.sort(key=lambda e: e.start_ns() if hasattr(e, "start_ns") else e.start_us())
     cur = peak = 0
     for e in events:
         cur += e.nbytes()
@@ -161,7 +195,10 @@ def policies(n):
     s = max(1, int(math.floor(math.sqrt(n) + 0.5)))
     return [("none", "none()", ("none", 0)), ("sqrt", "every(sqrt N=%d)" % s, ("every", s)),
             ("every2", "every(2)", ("every", 2)), ("every8", "every(8)", ("every", 8)),
-            ("ckseq", "checkpoint_sequential(%d segments)" % s, ("seq", s))]
+            ("ckseq", "checkpoint_sequential(%d segments)" % s, ("seq", s)),
+            ("every1", "every(1)", ("every", 1))] + \
+        ([("selective", "selective{softmax,gelu,dropout} (SAC)", ("selective", "selective")),
+          ("sacmm", "SAC saving matmul outputs only", ("selective", "sacmm"))] if SAC else [])
 
 
 def quartiles(v):

@@ -7,6 +7,7 @@
 #include "alloc.h"
 #include "backend.h"
 #include "ctx.h"
+#include "opcost.h"
 
 const rm_backend *rm_cuda_backend_load(rm_ctx *ctx);
 void rm_cuda_backend_unload(rm_ctx *ctx);
@@ -43,6 +44,7 @@ void rm_ctx_free(rm_ctx *ctx) {
     if (ctx->backend[d] && ctx->backend[d]->shutdown)
       ctx->backend[d]->shutdown(ctx, ctx->backend_state[d]);
   rm_cuda_backend_unload(ctx);
+  rm_opcost_free(ctx);
   rm_host_alloc h = ctx->host;
   h.free(h.ud, ctx, sizeof *ctx);
 }

@@ -47,6 +47,10 @@ struct rm_ctx {
   int replay_depth;               /* nesting of rm_node_recompute */
   int replay_n;                   /* replayed inputs whose eviction waits for the outermost replay */
   rm_tensor *replay_defer[32];
+  struct rm_opcost *opcost;       /* measured per-op costs and timers (opcost.c) */
+  bool opcost_off;                /* calibration off: costs are the fitted roofline */
+  bool op_timing;                 /* timers on: op.c times every op it runs */
+  bool opcost_learn;              /* timed first runs set their call's cost (opcost.h) */
   rm_hooks hooks;                 /* extension points (hook.h) */
 
   const struct rm_backend *backend[RM_DEVICE_COUNT];

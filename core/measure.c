@@ -1,5 +1,6 @@
 /* Per-layer measurement of dry runs (see measure.h). */
 #include "measure.h"
+#include "opcost.h"
 
 static size_t act_live(rm_ctx *ctx, rm_measure *m) { return ctx->mem[m->device].live[RM_CAT_ACTIVATION]; }
 
@@ -50,7 +51,7 @@ static int on_op(rm_ctx *ctx, const rm_event *ev, void *ud) {
   const rm_op_def *def = rm_op_def_get((rm_op_id)ev->op);
   for (int j = 0; j < def->nout; j++) rm_tensor_meta(ev->out[j], &meta[j]);
   double flops = rm_op_flops((rm_op_id)ev->op, ev->nin, ev->in, ev->attrs, meta);
-  double cost = rm_op_cost(ctx, (rm_op_id)ev->op, ev->nin, ev->in, ev->attrs, meta);
+  double cost = rm_opcost_seconds(ctx, (rm_op_id)ev->op, ev->nin, ev->in, ev->attrs, meta, NULL);
   rm_layer_stats *l = &m->layers[layer];
   if (ev->node) {
     l->recompute_flops += flops;

@@ -4,6 +4,7 @@
 
 #include "backend.h"
 #include "op.h"
+#include "opcost.h"
 
 /* Strong references: every op in ops.def must be defined, and a static link pulls in
  * each family's object file. */
@@ -202,6 +203,25 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   return RM_OK;
 }
 
+int rm_op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+               rm_tensor **outs) {
+  const rm_op_def *def = rm_op_def_get(op);
+  if (!def) return rm_fail(ctx, RM_ERR_ARG, "op %s is not implemented", rm_op_name(op));
+  if (def->nin >= 0 && nin != def->nin)
+    return rm_fail(ctx, RM_ERR_ARG, "%s takes %d inputs (got %d)", def->name, def->nin, nin);
+  return op_exec(ctx, op, nin, in, a, outs);
+}
+
+/* op_exec under the per-op timers when they run (opcost.h) */
+static int timed_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+                      rm_tensor **outs) {
+  if (!ctx->op_timing || ctx->dry) return op_exec(ctx, op, nin, in, a, outs);
+  double t0 = rm_opcost_clock();
+  int rc = op_exec(ctx, op, nin, in, a, outs);
+  rm_opcost_record(ctx, op, nin, in, a, rm_opcost_clock() - t0);
+  return rc;
+}
+
 /* One block per node: in, out, gout (tensor pointers), then the saved versions. */
 static size_t node_block_bytes(int nin, int nout) {
   return sizeof(rm_tensor *) * (size_t)(2 * nin + 2 * nout + 1) + sizeof(uint32_t) * (size_t)(nin + nout);
@@ -284,7 +304,7 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_
     local.offset = ctx->rng_offset;
   }
   rm_tensor *outs[RM_MAX_OUTPUTS];
-  int rc = op_exec(ctx, op, nin, in, a, outs);
+  int rc = timed_exec(ctx, op, nin, in, a, outs);
   if (rc) return rc;
   if (rm_hooked(ctx, RM_HOOK_OP)) {
     rc = rm_hook_fire(ctx, RM_HOOK_OP, &(rm_event){ .op = op, .nin = nin, .in = in, .attrs = a, .out = outs });
@@ -536,7 +556,7 @@ static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
   rm_tensor *outs[RM_MAX_OUTPUTS];
   rm_scope sc;
   rm_scope_enter(ctx, &sc, RM_CAT_ACTIVATION, RM_GRAD_OFF);
-  rc = op_exec(ctx, n->op, n->nin, n->in, &n->attrs, outs);
+  rc = timed_exec(ctx, n->op, n->nin, n->in, &n->attrs, outs);
   rm_scope_leave(ctx, &sc);
   for (int i = 0; i < n->nin; i++) n->in[i]->pins--;
   if (rc) return rc;

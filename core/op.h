@@ -96,6 +96,11 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
  * in-place updates (optimizers, gradient accumulation). Elementwise ops may alias. */
 int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
                int nout, rm_tensor *const *out);
+/* Runs op's kernel on in[] into new outputs outs[0..nout-1] (all of them, extras
+ * included; new references): no grad recording, no hooks, attrs used as given (random
+ * ops: their recorded seed and offset). For measuring an op alone (opcost.c). */
+int rm_op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+               rm_tensor **outs);
 /* Shorthand for one-output ops: returns the output, or NULL with the error set. */
 rm_tensor *rm_op1(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a);
 
@@ -103,8 +108,9 @@ rm_tensor *rm_op1(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const
 double rm_op_flops(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
                    const rm_meta *out);
 
-/* Replay cost of op (the checkpoint planner's currency): FLOPs + bytes read and
- * written x the device's flops_per_byte (0 when the backend is not loaded). */
+/* Roofline cost of op: FLOPs + bytes read and written x the device's flops_per_byte
+ * (0 when the backend is not loaded). The planner's currency is seconds (opcost.h),
+ * measured per call; this prices what could not be measured. */
 double rm_op_cost(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
                   const rm_meta *out);
 

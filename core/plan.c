@@ -3,6 +3,7 @@
 
 #include "autograd.h"
 #include "measure.h"
+#include "opcost.h"
 #include "plan.h"
 #include "sequential.h"
 
@@ -85,8 +86,8 @@ static int param_bytes(void *ud, const char *name, rm_tensor **slot, rm_module *
   return 0;
 }
 
-int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p,
-                     rm_loss_fn loss, void *loss_ud, bool want_layers, rm_sim *sim) {
+static int simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p,
+                    rm_loss_fn loss, void *loss_ud, bool want_layers, rm_sim *sim) {
   memset(sim, 0, sizeof *sim);
   if (seq->type != &rm_type_sequential)
     return rm_fail(ctx, RM_ERR_ARG, "plan: expected a Sequential, got a %s", seq->type->name);
@@ -165,4 +166,15 @@ int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p
     sim->n = n;
   }
   return rc;
+}
+
+/* Costs are seconds measured per op call (opcost.h): a dry run that met calls not
+ * measured yet measures them and runs again, priced. */
+int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p,
+                     rm_loss_fn loss, void *loss_ud, bool want_layers, rm_sim *sim) {
+  int rc = simulate(ctx, seq, x, p, loss, loss_ud, want_layers, sim);
+  if (rc || !rm_opcost_pending(ctx) || ctx->dry) return rc;
+  rm_sim_free(ctx, sim);
+  if ((rc = rm_opcost_calibrate(ctx))) return rc;
+  return simulate(ctx, seq, x, p, loss, loss_ud, want_layers, sim);
 }

@@ -4,6 +4,7 @@
 
 #include "lnn.h"
 #include "../core/backend.h"
+#include "../core/opcost.h"
 #include "../core/plan.h"
 
 static rm_action check_action(lua_State *L, const char *s, int layer) {
@@ -360,7 +361,79 @@ static int l_layer_info(lua_State *L) {
   return 1;
 }
 
+/* C.op_timers(on): starts (clearing the totals) or stops the per-op timers. */
+static int l_op_timers(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (rm_opcost_profile(ctx, lua_toboolean(L, 1))) return rm_lua_fail(L, "op_timers");
+  return 0;
+}
+
+/* C.op_timing() -> { [op name] = { seconds =, calls =, replay_seconds =, replay_calls = } } */
+static int l_op_timing(lua_State *L) {
+  const rm_op_timing *t = rm_opcost_timing(rm_lua_ctx(L));
+  lua_newtable(L);
+  for (int op = 0; t && op < RM_OP_COUNT; op++) {
+    if (!t->calls[op] && !t->replay_calls[op]) continue;
+    lua_createtable(L, 0, 4);
+    lua_pushnumber(L, t->seconds[op]);
+    lua_setfield(L, -2, "seconds");
+    lua_pushinteger(L, t->calls[op]);
+    lua_setfield(L, -2, "calls");
+    lua_pushnumber(L, t->replay_seconds[op]);
+    lua_setfield(L, -2, "replay_seconds");
+    lua_pushinteger(L, t->replay_calls[op]);
+    lua_setfield(L, -2, "replay_calls");
+    lua_setfield(L, -2, rm_op_name((rm_op_id)op));
+  }
+  return 1;
+}
+
+/* C.opcost_calibrate(on | nil) -> whether calibration is on (sets it when given);
+ * C.opcost_reset() forgets every measured cost. */
+static int l_opcost_calibrate(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (!lua_isnoneornil(L, 1)) rm_opcost_enable(ctx, lua_toboolean(L, 1));
+  lua_pushboolean(L, rm_opcost_enabled(ctx));
+  return 1;
+}
+
+static void push_cost(rm_op_id op, double seconds, double units, void *ud) {
+  lua_State *L = ud;
+  lua_createtable(L, 0, 3);
+  lua_pushstring(L, rm_op_name(op));
+  lua_setfield(L, -2, "op");
+  lua_pushnumber(L, seconds);
+  lua_setfield(L, -2, "seconds");
+  lua_pushnumber(L, units);
+  lua_setfield(L, -2, "units");
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+}
+
+/* C.opcost_entries() -> { {op =, seconds =, units =}, ... }: every measured call */
+static int l_opcost_entries(lua_State *L) {
+  lua_newtable(L);
+  rm_opcost_each(rm_lua_ctx(L), push_cost, L);
+  return 1;
+}
+
+/* C.opcost_learn(on): per-op costs learned from the timed steps that follow */
+static int l_opcost_learn(lua_State *L) {
+  rm_opcost_learn(rm_lua_ctx(L), lua_toboolean(L, 1));
+  return 0;
+}
+
+static int l_opcost_reset(lua_State *L) {
+  rm_opcost_reset(rm_lua_ctx(L));
+  return 0;
+}
+
 static const luaL_Reg fns[] = {
+  { "op_timers", l_op_timers },
+  { "op_timing", l_op_timing },
+  { "opcost_calibrate", l_opcost_calibrate },
+  { "opcost_reset", l_opcost_reset },
+  { "opcost_entries", l_opcost_entries },
+  { "opcost_learn", l_opcost_learn },
   { "plan_install", l_plan_install },
   { "plan_simulate", l_plan_simulate },
   { "chain_from_sims", l_chain_from_sims },

@@ -135,6 +135,26 @@ describe("a README-style loop that never frees by hand", function()
     end
   end)
 
+  it("stays within its predicted peaks on every one of 200 steps under whole-step budget()", function()
+    for _, fused in ipairs { false, true } do
+      settle()
+      local model = mlp()
+      local opt = optim.AdamW(model:parameters(), { lr = 1e-3, in_backward = fused })
+      local x, y = batch(3)
+      local lossf = function(o) return nn.cross_entropy(o, y) end
+      local full = model:plan(x, { loss = lossf, optimizer = opt, policy = policy.none() })
+      local least = model:plan(x, { loss = lossf, optimizer = opt, policy = policy.every(1) })
+      local limit = (full.step_peak + least.step_peak) // 2
+      memory.limit(limit)
+      model:checkpoint(policy.budget())
+      local act, step, plan = readme_loop(model, opt, 200, x, y)
+      memory.limit(nil)
+      assert(plan.recompute_flops > 0 and plan.step_peak <= limit, ("fused %s: the plan does not bind or fit"):format(tostring(fused)))
+      assert(act <= 0, ("budget(), fused %s: activations %d bytes over the prediction"):format(tostring(fused), act))
+      assert(step <= 0, ("budget(), fused %s: the step %d bytes over the prediction"):format(tostring(fused), step))
+    end
+  end)
+
   it("holds for Lua modules inside the Sequential too", function()
     for k, make in ipairs { POLICIES[1], POLICIES[2], POLICIES[5] } do
       settle()

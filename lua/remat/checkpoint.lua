@@ -178,9 +178,10 @@ PlanReport.__tostring = function(r)
   end
   lines[#lines + 1] = "saved: activation bytes the layer allocates in forward that stay alive for backward"
   lines[#lines + 1] = ("predicted peak activation: %s (keep everything: %s)"):format(fmt(r.predicted_peak), fmt(r.keep_peak))
-  lines[#lines + 1] = ("recompute: %s (%.1f%% of the forward's %s); replay cost %s"):format(fmt_flops(r.recompute_flops),
-    r.flops > 0 and 100 * r.recompute_flops / r.flops or 0, fmt_flops(r.flops), fmt_flops(r.recompute_cost))
-  lines[#lines + 1] = ("cost model: a replay costs its FLOPs + bytes moved x %g FLOP/byte (the device's balance);"):format(r.flops_per_byte)
+  lines[#lines + 1] = ("recompute: %s (%.1f%% of the forward's %s); predicted replay time %.3f ms"):format(fmt_flops(r.recompute_flops),
+    r.flops > 0 and 100 * r.recompute_flops / r.flops or 0, fmt_flops(r.flops), r.recompute_cost * 1e3)
+  lines[#lines + 1] = "cost model: a replay costs the measured time of its ops on this device (each distinct op call"
+  lines[#lines + 1] = ("  timed alone at first use and cached; one that cannot be is priced by FLOPs + bytes x %g);"):format(r.flops_per_byte)
   lines[#lines + 1] = "  peaks count bytes as the engine holds them (a budget plan's equals its dry run's)"
   local parts = {}
   for _, c in ipairs { "param", "grad", "optim", "activation", "workspace", "temp", "data" } do

@@ -1,0 +1,310 @@
+/* Per-op costs measured on the device, and per-op timers (see opcost.h). */
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "opcost.h"
+#include "ops.h"
+
+#define MAX_IN 8        /* calls with more inputs are priced by the roofline */
+#define REPS 7          /* timed runs per call (after one warm-up); the least is kept */
+
+typedef struct geom {   /* an input as the call saw it */
+  rm_dtype dtype;
+  rm_device device;
+  int ndim;
+  int64_t shape[RM_MAX_DIM], stride[RM_MAX_DIM], offset;
+  int64_t numel;        /* of its storage */
+} geom;
+
+typedef struct entry {
+  uint64_t key;
+  double seconds;       /* < 0: noted, not measured yet; NaN: could not be measured
+                         * (priced by the roofline until rm_opcost_reset) */
+  double units;         /* rm_op_cost of the call (the roofline), for the fit */
+  double learned;       /* seconds of its first runs inside real steps, summed ... */
+  int64_t nlearned;     /* ... over this many runs (rm_opcost_learn) */
+  rm_device device;
+  rm_op_id op;
+  int nin;
+  rm_attrs attrs;
+  geom in[MAX_IN];
+} entry;
+
+typedef struct rm_opcost {
+  entry *e;             /* open addressing, cap a power of two */
+  size_t n, cap;
+  int pending;
+  rm_op_timing timing;
+  bool timing_valid;
+} rm_opcost;
+
+static rm_opcost *get(rm_ctx *ctx) {
+  if (!ctx->opcost) ctx->opcost = rm_host_calloc(ctx, 1, sizeof(rm_opcost));
+  return ctx->opcost;
+}
+
+static uint64_t mix(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* The call's identity: op, attrs (but the random stream: it does not change the time),
+ * and each input's dtype, device and geometry. */
+static uint64_t call_key(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  rm_attrs at = *a;
+  at.seed = at.offset = 0;
+  h = mix(h, &op, sizeof op);
+  h = mix(h, &nin, sizeof nin);
+  h = mix(h, &at, sizeof at);
+  for (int i = 0; i < nin; i++) {
+    const rm_tensor *t = in[i];
+    int64_t g[2] = { t->dtype, t->device };
+    h = mix(h, g, sizeof g);
+    h = mix(h, &t->ndim, sizeof t->ndim);
+    h = mix(h, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    h = mix(h, t->stride, sizeof(int64_t) * (size_t)t->ndim);
+    h = mix(h, &t->offset, sizeof t->offset);
+  }
+  return h ? h : 1;
+}
+
+static entry *find(rm_opcost *c, uint64_t key) {
+  if (!c->cap) return NULL;
+  for (size_t i = key & (c->cap - 1);; i = (i + 1) & (c->cap - 1)) {
+    if (c->e[i].key == key) return &c->e[i];
+    if (!c->e[i].key) return NULL;
+  }
+}
+
+static entry *insert(rm_ctx *ctx, rm_opcost *c, uint64_t key) {
+  if (2 * (c->n + 1) > c->cap) {
+    size_t cap = c->cap ? 2 * c->cap : 64;
+    entry *ne = rm_host_calloc(ctx, cap, sizeof *ne);
+    if (!ne) return NULL;
+    for (size_t i = 0; i < c->cap; i++) {
+      if (!c->e[i].key) continue;
+      size_t j = c->e[i].key & (cap - 1);
+      while (ne[j].key) j = (j + 1) & (cap - 1);
+      ne[j] = c->e[i];
+    }
+    rm_host_free(ctx, c->e, c->cap * sizeof *c->e);
+    c->e = ne;
+    c->cap = cap;
+  }
+  size_t j = key & (c->cap - 1);
+  while (c->e[j].key) j = (j + 1) & (c->cap - 1);
+  c->e[j].key = key;
+  c->n++;
+  return &c->e[j];
+}
+
+/* Seconds per roofline unit on dev, fitted on its measured calls (0: none yet). */
+static double unit_seconds(const rm_opcost *c, rm_device dev) {
+  double s = 0, u = 0;
+  for (size_t i = 0; c && i < c->cap; i++) {
+    const entry *e = &c->e[i];
+    if (e->key && e->device == dev && e->seconds >= 0 && e->units > 0) s += e->seconds, u += e->units;
+  }
+  return u > 0 ? s / u : 0;
+}
+
+/* Before any measurement: about 10 GFLOP/s, so that units stay seconds. */
+#define DEFAULT_UNIT 1e-10
+
+double rm_opcost_seconds(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+                         const rm_meta *out, bool *measured) {
+  double units = rm_op_cost(ctx, op, nin, in, a, out);
+  if (measured) *measured = false;
+  const rm_op_def *def = rm_op_def_get(op);
+  if (!def || (def->flags & RM_OPF_VIEW)) return 0;
+  rm_device dev = nin > 0 ? in[0]->device : out[0].device;
+  rm_opcost *c = ctx->opcost_off ? ctx->opcost : get(ctx);
+  uint64_t key = call_key(op, nin, in, a);
+  entry *e = c ? find(c, key) : NULL;
+  if (e && e->nlearned > 0) {
+    if (measured) *measured = true;
+    return e->learned / (double)e->nlearned;
+  }
+  if (e && e->seconds >= 0) {
+    if (measured) *measured = true;
+    return e->seconds;
+  }
+  if (!e && c && !ctx->opcost_off && nin <= MAX_IN && (e = insert(ctx, c, key))) {
+    e->seconds = -1;
+    e->units = units;
+    e->device = dev;
+    e->op = op;
+    e->nin = nin;
+    e->attrs = *a;
+    for (int i = 0; i < nin; i++) {
+      const rm_tensor *t = in[i];
+      geom *g = &e->in[i];
+      g->dtype = t->dtype;
+      g->device = t->device;
+      g->ndim = t->ndim;
+      memcpy(g->shape, t->shape, sizeof g->shape);
+      memcpy(g->stride, t->stride, sizeof g->stride);
+      g->offset = t->offset;
+      size_t es = rm_dtype_size(t->dtype);
+      g->numel = t->storage && es ? (int64_t)(t->storage->bytes / es) : rm_tensor_numel(t) + t->offset;
+    }
+    c->pending++;
+  }
+  double u = unit_seconds(c, dev);
+  return units * (u > 0 ? u : DEFAULT_UNIT);
+}
+
+int rm_opcost_pending(const rm_ctx *ctx) { return ctx->opcost && !ctx->opcost_off ? ctx->opcost->pending : 0; }
+
+double rm_opcost_clock(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int sync_dev(rm_ctx *ctx, rm_device dev) {
+  const rm_backend *b = ctx->backend[dev];
+  return b && b->synchronize ? b->synchronize(ctx) : RM_OK;
+}
+
+/* Runs e's call REPS + 1 times on zero-filled inputs of its geometry; its least time. */
+static int measure_one(rm_ctx *ctx, entry *e, double *seconds) {
+  rm_tensor *base[MAX_IN] = { 0 }, *in[MAX_IN] = { 0 };
+  int rc = RM_OK;
+  for (int i = 0; i < e->nin && rc == RM_OK; i++) {
+    geom *g = &e->in[i];
+    int64_t n = g->numel > 0 ? g->numel : 1;
+    base[i] = rm_full(ctx, g->dtype, g->device, 1, &n, 0.0);
+    in[i] = base[i] ? rm_tensor_view_of(ctx, base[i], g->ndim, g->shape, g->stride, g->offset) : NULL;
+    if (!in[i]) rc = ctx->err_code ? ctx->err_code : RM_ERR_OOM;
+  }
+  double t[REPS];
+  for (int r = 0; r <= REPS && rc == RM_OK; r++) {
+    rm_tensor *outs[RM_MAX_OUTPUTS] = { 0 };
+    int nout = rm_op_def_get(e->op)->nout;
+    if ((rc = sync_dev(ctx, e->device))) break;
+    double t0 = rm_opcost_clock();
+    rc = rm_op_exec(ctx, e->op, e->nin, in, &e->attrs, outs);
+    if (rc == RM_OK) rc = sync_dev(ctx, e->device);
+    double t1 = rm_opcost_clock();
+    for (int j = 0; j < nout; j++) rm_tensor_drop(ctx, outs[j]);
+    if (r > 0) t[r - 1] = t1 - t0;
+  }
+  for (int i = 0; i < e->nin; i++) {
+    rm_tensor_drop(ctx, in[i]);
+    rm_tensor_drop(ctx, base[i]);
+  }
+  if (rc == RM_OK) { /* the least: preemption and a descheduled thread only add */
+    *seconds = t[0];
+    for (int r = 1; r < REPS; r++) if (t[r] < *seconds) *seconds = t[r];
+  }
+  return rc;
+}
+
+int rm_opcost_calibrate(rm_ctx *ctx) {
+  rm_opcost *c = ctx->opcost;
+  if (!c || !c->pending || ctx->opcost_off) return RM_OK;
+  if (ctx->dry) return rm_fail(ctx, RM_ERR_STATE, "opcost: calibration inside a dry run");
+  /* what the measurements may disturb: the error, peaks (a user's reset_peak), timers */
+  char err[sizeof ctx->err];
+  int err_code = ctx->err_code;
+  memcpy(err, ctx->err, sizeof err);
+  rm_memstats mem[RM_DEVICE_COUNT];
+  memcpy(mem, ctx->mem, sizeof mem);
+  /* a few small tensors at a time, given back at once: the user's limit (an accounting
+   * of the step) does not apply; a device really out of memory still fails */
+  for (int d = 0; d < RM_DEVICE_COUNT; d++) ctx->mem[d].limit = 0;
+  bool timing = ctx->op_timing;
+  ctx->op_timing = false;
+  rm_scope sc;
+  rm_scope_enter(ctx, &sc, RM_CAT_WORKSPACE, RM_GRAD_OFF);
+  for (size_t i = 0; i < c->cap; i++) {
+    entry *e = &c->e[i];
+    if (!e->key || !(e->seconds < 0)) continue;
+    double s;
+    e->seconds = measure_one(ctx, e, &s) == RM_OK ? s : 0.0 / 0.0;
+    rm_clear_error(ctx);
+  }
+  rm_scope_leave(ctx, &sc);
+  c->pending = 0;
+  ctx->op_timing = timing;
+  for (int d = 0; d < RM_DEVICE_COUNT; d++) {
+    /* live and reserved are back where they were (every tensor made was dropped) */
+    for (int k = 0; k < RM_CAT_COUNT; k++) {
+      ctx->mem[d].peak[k] = mem[d].peak[k];
+      ctx->mem[d].peak_live[k] = mem[d].peak_live[k];
+    }
+    ctx->mem[d].peak_total = mem[d].peak_total;
+    ctx->mem[d].limit = mem[d].limit;
+  }
+  memcpy(ctx->err, err, sizeof err);
+  ctx->err_code = err_code;
+  return RM_OK;
+}
+
+void rm_opcost_each(const rm_ctx *ctx, void (*f)(rm_op_id op, double seconds, double units, void *ud), void *ud) {
+  const rm_opcost *c = ctx->opcost;
+  for (size_t i = 0; c && i < c->cap; i++)
+    if (c->e[i].key && c->e[i].seconds >= 0) f(c->e[i].op, c->e[i].seconds, c->e[i].units, ud);
+}
+
+void rm_opcost_enable(rm_ctx *ctx, bool on) { ctx->opcost_off = !on; }
+bool rm_opcost_enabled(const rm_ctx *ctx) { return !ctx->opcost_off; }
+
+void rm_opcost_reset(rm_ctx *ctx) {
+  rm_opcost *c = ctx->opcost;
+  if (!c) return;
+  rm_host_free(ctx, c->e, c->cap * sizeof *c->e);
+  c->e = NULL;
+  c->n = c->cap = 0;
+  c->pending = 0;
+}
+
+void rm_opcost_free(rm_ctx *ctx) {
+  rm_opcost_reset(ctx);
+  rm_host_free(ctx, ctx->opcost, sizeof(rm_opcost));
+  ctx->opcost = NULL;
+}
+
+void rm_opcost_learn(rm_ctx *ctx, bool on) {
+  rm_opcost *c = ctx->opcost;
+  if (on && c)
+    for (size_t i = 0; i < c->cap; i++) c->e[i].learned = 0, c->e[i].nlearned = 0;
+  ctx->opcost_learn = on;
+}
+
+int rm_opcost_profile(rm_ctx *ctx, bool on) {
+  rm_opcost *c = get(ctx);
+  if (!c) return rm_fail(ctx, RM_ERR_OOM, "opcost: out of host memory");
+  if (on) {
+    memset(&c->timing, 0, sizeof c->timing);
+    c->timing_valid = true;
+  }
+  ctx->op_timing = on;
+  return RM_OK;
+}
+
+const rm_op_timing *rm_opcost_timing(const rm_ctx *ctx) {
+  return ctx->opcost && ctx->opcost->timing_valid ? &ctx->opcost->timing : NULL;
+}
+
+void rm_opcost_record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+                      double seconds) {
+  rm_opcost *c = ctx->opcost;
+  if (!c || (unsigned)op >= RM_OP_COUNT) return;
+  if (ctx->opcost_learn && ctx->replay_depth == 0) {
+    /* only calls a dry run priced (noted or measured) learn: the layers' forward ops */
+    entry *e = find(c, call_key(op, nin, in, a));
+    if (e) e->learned += seconds, e->nlearned++;
+  }
+  if (ctx->replay_depth > 0) {
+    c->timing.replay_seconds[op] += seconds;
+    c->timing.replay_calls[op]++;
+  } else {
+    c->timing.seconds[op] += seconds;
+    c->timing.calls[op]++;
+  }
+}

@@ -1,0 +1,124 @@
+-- The planner's currency: per-op costs measured on the device (core/opcost.c), and the
+-- per-op timers. Nothing here asserts a speed: only where the numbers come from.
+local remat = require "remat"
+local nn, policy = remat.nn, remat.policy
+local C = remat._C
+
+-- One residual block whose only selective-evictable op is the GELU: selective{gelu}
+-- replays exactly one op call.
+local function block(d)
+  remat.manual_seed(5)
+  return nn.Sequential { nn.Residual(nn.Sequential { nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d) }) }
+end
+
+local function gelu_costs()
+  local s, n = 0, 0
+  for _, e in ipairs(C.opcost_entries()) do
+    if e.op == "gelu" then s, n = s + e.seconds, n + 1 end
+  end
+  return s, n
+end
+
+describe("per-op costs", function()
+  before_each(function()
+    C.opcost_reset()
+    C.opcost_calibrate(true)
+  end)
+  after_each(function()
+    C.op_timers(false)
+    C.opcost_learn(false)
+    C.opcost_reset()
+    C.opcost_calibrate(true)
+  end)
+
+  it("are measured at a plan's first use, cached, and price its replays in seconds", function()
+    local m = block(16)
+    local x = remat.randn(8, 16)
+    assert.equal(0, #C.opcost_entries())
+    local r = m:plan(x, { policy = policy.selective { "gelu" } })
+    local entries = C.opcost_entries()
+    assert.is_true(#entries >= 3) -- the linears, the gelu, the residual add
+    for _, e in ipairs(entries) do assert.is_true(e.seconds > 0, e.op) end
+    -- the one replayed call costs what its measurement says, to the bit
+    local g, n = gelu_costs()
+    assert.equal(1, n)
+    assert.equal(g, r.recompute_cost)
+    -- a second plan of the same shapes measures nothing new and prices alike
+    local r2 = m:plan(x, { policy = policy.selective { "gelu" } })
+    assert.equal(#entries, #C.opcost_entries())
+    assert.equal(r.recompute_cost, r2.recompute_cost)
+    -- another shape is another call
+    m:plan(remat.randn(4, 16), { policy = policy.selective { "gelu" } })
+    assert.is_true(#C.opcost_entries() > #entries)
+  end)
+
+  it("do not disturb the generator, the memory statistics or the gradients", function()
+    local m = nn.Sequential { nn.Residual(nn.Sequential { nn.Linear(8, 32), nn.GELU(), nn.Dropout(0.5), nn.Linear(32, 8) }) }
+    local x = remat.randn(4, 8)
+    collectgarbage()
+    remat.memory.reset_peak()
+    local before = remat.memory.stats()
+    local seed, offset = C.rng_state()
+    m:plan(x, { policy = policy.every(1) })
+    assert.is_true(#C.opcost_entries() > 0)
+    local s2, o2 = C.rng_state()
+    assert.equal(seed, s2)
+    assert.equal(offset, o2)
+    local after = remat.memory.stats()
+    -- the measurements' inputs and outputs (workspace) left no trace
+    assert.equal(before.peak_by_category.workspace, after.peak_by_category.workspace)
+    assert.same(before.by_category, after.by_category)
+  end)
+
+  it("are priced by the roofline when calibration is off", function()
+    C.opcost_calibrate(false)
+    local m = block(16)
+    local r = m:plan(remat.randn(8, 16), { policy = policy.selective { "gelu" } })
+    assert.equal(0, #C.opcost_entries())
+    assert.is_true(r.recompute_cost > 0)
+  end)
+
+  it("are learned from the timed first runs of real steps", function()
+    local m = block(16)
+    local x = remat.randn(8, 16)
+    m:checkpoint(policy.selective { "gelu" })
+    m:plan(x)
+    C.op_timers(true)
+    C.opcost_learn(true)
+    for _ = 1, 3 do
+      local y = m(x)
+      y:sum():backward()
+      y:free()
+    end
+    C.op_timers(false)
+    C.opcost_learn(false)
+    local t = C.op_timing().gelu
+    assert.equal(3, t.calls)        -- first runs
+    assert.equal(3, t.replay_calls) -- one replay per backward
+    -- the replayed call is priced at the mean of its first runs
+    assert.equal(t.seconds / 3, m:plan(x).recompute_cost)
+  end)
+end)
+
+describe("per-op timers", function()
+  after_each(function() C.op_timers(false) end)
+
+  it("split first runs from replays, per op", function()
+    local m = block(8)
+    m:checkpoint(policy.every(1))
+    local x = remat.randn(4, 8)
+    C.op_timers(true)
+    local y = m(x)
+    y:sum():backward()
+    C.op_timers(false)
+    local t = C.op_timing()
+    assert.equal(2, t.linear.calls)
+    assert.is_true(t.linear.replay_calls >= 1)
+    assert.equal(1, t.gelu.replay_calls)
+    assert.is_true(t.linear.seconds > 0 and t.linear.replay_seconds > 0)
+    -- starting again clears the totals
+    C.op_timers(true)
+    C.op_timers(false)
+    assert.is_nil(next(C.op_timing()))
+  end)
+end)
