@@ -218,10 +218,10 @@ void rm_cpu_blas_warn(rm_ctx *ctx, rm_cpu_blas *b) {
 BUILTIN_GEMM(float, builtin_sgemm)
 BUILTIN_GEMM(double, builtin_dgemm)
 
-void rm_cpu_gemm(rm_ctx *ctx, rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64_t m, int64_t n,
-                 int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, double beta,
-                 void *c, int64_t ldc) {
-  if (!b->warned) rm_cpu_blas_warn(ctx, b);
+/* One GEMM call on the calling thread's terms (no split). */
+static void gemm_call(rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                      const void *a, int64_t lda, const void *bm, int64_t ldb, double beta, void *c,
+                      int64_t ldc) {
   if (dt == RM_F64) {
     if (b->dgemm) b->dgemm(RM_BLAS_ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k, 1.0, a, (int)lda, bm,
                            (int)ldb, beta, c, (int)ldc);
@@ -231,6 +231,41 @@ void rm_cpu_gemm(rm_ctx *ctx, rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64
                            (int)ldb, (float)beta, c, (int)ldc);
     else builtin_sgemm(ta, tb, (int)m, (int)n, (int)k, a, (int)lda, bm, (int)ldb, (float)beta, c, (int)ldc);
   }
+}
+
+/* Rows of C per thread below which a product is not split (see rm_cpu_gemm). */
+#define SPLIT_MIN_ROWS 32
+
+/* Products of up to this many multiply-adds are split by rows of C over the threads,
+ * each part a single-threaded call (inside a parallel region the OpenMP BLAS and the
+ * built-in GEMM run on the calling thread). The BLAS's own threading shares packed
+ * panels between its threads and synchronises on them several times per call, which
+ * on these mid-sized products (a training step's linear layers) costs more than
+ * packing the small shared operand once per thread (bench/peer.lua: 8-15% of a step).
+ * Larger products keep the BLAS's threading. Each part is a fixed range of rows for a
+ * given thread count, so results stay the same run to run. */
+#define SPLIT_MAX_WORK 5e8
+
+void rm_cpu_gemm(rm_ctx *ctx, rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64_t m, int64_t n,
+                 int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, double beta,
+                 void *c, int64_t ldc) {
+  if (!b->warned) rm_cpu_blas_warn(ctx, b);
+  int nth = omp_in_parallel() ? 1 : omp_get_max_threads();
+  double work = (double)m * (double)n * (double)k;
+  if (nth > 1 && (b->openmp || !b->handle) && m >= 2 * SPLIT_MIN_ROWS && work <= SPLIT_MAX_WORK) {
+    int parts = (int)(m / SPLIT_MIN_ROWS < nth ? m / SPLIT_MIN_ROWS : nth);
+    size_t es = rm_dtype_size(dt);
+    /* part p: rows [m p / parts, m (p+1) / parts), starts rounded down to 8 rows */
+    #pragma omp parallel for num_threads(parts) schedule(static, 1)
+    for (int p = 0; p < parts; p++) {
+      int64_t r0 = (m * p / parts) & ~(int64_t)7;
+      int64_t r1 = p + 1 == parts ? m : (m * (p + 1) / parts) & ~(int64_t)7;
+      const char *ap = (const char *)a + (size_t)(ta == RM_BLAS_TRANS ? r0 : r0 * lda) * es;
+      gemm_call(b, dt, ta, tb, r1 - r0, n, k, ap, lda, bm, ldb, beta, (char *)c + (size_t)(r0 * ldc) * es, ldc);
+    }
+    return;
+  }
+  gemm_call(b, dt, ta, tb, m, n, k, a, lda, bm, ldb, beta, c, ldc);
 }
 
 void rm_cpu_blas_report(const rm_cpu_blas *b, rm_info *r) {

@@ -155,6 +155,13 @@ return function(K)
         ["large (parallel BLAS)"] = function()
           mm_shapes({ 64, 96 }, { 96, 80 })
         end,
+        ["split by rows over the threads: odd row counts, transposed operands"] = function()
+          mm_shapes({ 100, 37 }, { 37, 45 })
+          mm_shapes({ 3, 67, 9 }, { 9, 20 })
+          local ta, va = noncontig({ 131, 24 })
+          local tb, vb = noncontig({ 24, 19 })
+          check_mm(ta, va, { 131, 24 }, tb, vb, { 24, 19 }, "both transposed, 131 rows")
+        end,
         ["errors name both shapes"] = function()
           raises("matmul: shapes 2x3 and 4x5 do not match (3 vs 4)", op, "matmul", nil, (rand({ 2, 3 })), (rand({ 4, 5 })))
           raises("cannot be broadcast", op, "matmul", nil, (rand({ 2, 3, 4 })), (rand({ 3, 4, 2 })))
