@@ -26,7 +26,7 @@ end
 local function product(n)
   local a = C.full({ n, n }, 0.5, dtype)
   local b = C.full({ n, n }, 0.25, dtype)
-  return function() C.free(C.op("matmul", nil, a, b)) end
+  return function() C.free(C.op(C.ops.matmul, nil, a, b)) end
 end
 
 -- Peak estimate: cores x clock x FLOP/cycle, assuming two FMA units per core: 64

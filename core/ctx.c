@@ -12,11 +12,11 @@
 const rm_backend *rm_cuda_backend_load(rm_ctx *ctx);
 void rm_cuda_backend_unload(rm_ctx *ctx);
 
-static void *default_alloc(void *ud, size_t n) { (void)ud; return malloc(n); }
+static void *default_alloc(void *ud, size_t n) { return malloc(n); }
 static void *default_realloc(void *ud, void *p, size_t o, size_t n) {
-  (void)ud; (void)o; return realloc(p, n);
+  return realloc(p, n);
 }
-static void default_free(void *ud, void *p, size_t n) { (void)ud; (void)n; free(p); }
+static void default_free(void *ud, void *p, size_t n) { free(p); }
 
 rm_ctx *rm_ctx_new(const rm_host_alloc *alloc, rm_log_fn log, void *log_ud) {
   rm_host_alloc h = { default_alloc, default_realloc, default_free, NULL };

@@ -187,7 +187,6 @@ int rm_module_visit_params(rm_ctx *ctx, rm_module *m, rm_param_visit_fn fn, void
 }
 
 static int count_visit(void *ud, const char *name, rm_tensor **slot, rm_module *owner) {
-  (void)name; (void)owner;
   *(int64_t *)ud += rm_tensor_numel(*slot);
   return 0;
 }
@@ -204,7 +203,6 @@ void rm_module_train(rm_module *m, bool training) {
 }
 
 static int zero_visit(void *ud, const char *name, rm_tensor **slot, rm_module *owner) {
-  (void)name; (void)owner;
   rm_tensor *t = *slot;
   if (t->grad) rm_tensor_drop(ud, t->grad), t->grad = NULL;
   return 0;
@@ -356,9 +354,9 @@ rm_tensor *rm_param_uniform(rm_ctx *ctx, int ndim, const int64_t *shape, double 
     /* u in [0, 1) -> 2 b u - b, in place */
     rm_attrs a;
     rm_attrs_init(&a);
-    a.f[0] = 2 * bound;
+    a.scalar.value = 2 * bound;
     int rc = rm_op_into(ctx, RM_OP_MUL_SCALAR, 1, &t, &a, 1, &t);
-    a.f[0] = -bound;
+    a.scalar.value = -bound;
     if (!rc) rc = rm_op_into(ctx, RM_OP_ADD_SCALAR, 1, &t, &a, 1, &t);
     if (rc) rm_tensor_drop(ctx, t), t = NULL;
   }

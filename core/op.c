@@ -1,4 +1,5 @@
 /* The op registry, rm_op_run (check, allocate, dispatch, record) and replay. */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,21 +9,53 @@
 
 /* Strong references: every op in ops.def must be defined, and a static link pulls in
  * each family's object file. */
-#define X(ID, name, family) extern const rm_op_def rm_opdef_##name;
+#define X(ID, name, family, set) extern const rm_op_def rm_opdef_##name;
 #include "ops.def"
-#undef X
 
 static const rm_op_def *const op_table[RM_OP_COUNT] = {
-#define X(ID, name, family) [RM_OP_##ID] = &rm_opdef_##name,
+#define X(ID, name, family, set) [RM_OP_##ID] = &rm_opdef_##name,
 #include "ops.def"
-#undef X
 };
 
 static const char *const op_names[RM_OP_COUNT] = {
-#define X(ID, name, family) [RM_OP_##ID] = #name,
+#define X(ID, name, family, set) [RM_OP_##ID] = #name,
 #include "ops.def"
-#undef X
 };
+
+/* The attribute descriptors: one array per ATTRS set, then each op's set. */
+#define RM_AT_DESC(s, f) RM_AT_DESC2(s, RM_AT_ARGS_##f)
+#define RM_AT_DESC2(s, tn) RM_AT_DESC3(s, tn)
+#define RM_AT_DESC3(s, t, n) { #n, RM_ATTR_##t, RM_AT_OFF_##t(s, n) },
+#define RM_AT_ARGS_INT(n) INT, n
+#define RM_AT_ARGS_BOOL(n) BOOL, n
+#define RM_AT_ARGS_REAL(n) REAL, n
+#define RM_AT_ARGS_SHAPE(n) SHAPE, n
+#define RM_AT_OFF_INT(s, n) offsetof(rm_attrs, s.n)
+#define RM_AT_OFF_BOOL(s, n) offsetof(rm_attrs, s.n)
+#define RM_AT_OFF_REAL(s, n) offsetof(rm_attrs, s.n)
+#define RM_AT_OFF_SHAPE(s, n) offsetof(rm_attrs, ndim)
+#define ATTRS(set, ...)                                                                 \
+  static const rm_attr_field attrs_##set[] = { RM_AT_EACH(RM_AT_DESC, set, __VA_ARGS__) }; \
+  enum { nattrs_##set = sizeof attrs_##set / sizeof attrs_##set[0] };
+#include "ops.def"
+#define attrs_none NULL /* ops without attributes */
+enum { nattrs_none = 0 };
+
+static const struct { const rm_attr_field *f; int n; } op_attrs[RM_OP_COUNT] = {
+#define X(ID, name, family, set) [RM_OP_##ID] = { attrs_##set, nattrs_##set },
+#include "ops.def"
+};
+
+const rm_attr_field *rm_op_attrs(rm_op_id op, int *n) {
+  if ((unsigned)op >= RM_OP_COUNT) { *n = 0; return NULL; }
+  *n = op_attrs[op].n;
+  return op_attrs[op].f;
+}
+
+const char *rm_attr_type_name(rm_attr_type t) {
+  static const char *const names[] = { "an integer", "a boolean", "a number", "a list of integers" };
+  return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "?";
+}
 
 const rm_op_def *rm_op_def_get(rm_op_id op) {
   return (unsigned)op < RM_OP_COUNT ? op_table[op] : NULL;

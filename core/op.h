@@ -15,21 +15,54 @@
 #define RM_MAX_OUTPUTS 8    /* outputs of one op, visible and extras (rm_op_def.nout) */
 
 typedef enum {
-#define X(ID, name, family) RM_OP_##ID,
+#define X(ID, name, family, set) RM_OP_##ID,
 #include "ops.def"
-#undef X
   RM_OP_COUNT
 } rm_op_id;
 
-/* Op parameters. Each op documents which slots it reads. */
+/* Op attributes: the sets declared in ops.def, one struct each in a union, read as
+ * a->set.field (a->reduce.dim, a->norm.eps); see ops.def for how they are declared.
+ * RM_AT_EACH(m, set, f1, ..., fn) expands m(set, fk) for each field (up to 12). */
+#define RM_AT_PICK(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, N, ...) N
+#define RM_AT_EACH(m, s, ...)                                                              \
+  RM_AT_PICK(__VA_ARGS__, RM_AT_12, RM_AT_11, RM_AT_10, RM_AT_9, RM_AT_8, RM_AT_7, RM_AT_6, \
+             RM_AT_5, RM_AT_4, RM_AT_3, RM_AT_2, RM_AT_1)(m, s, __VA_ARGS__)
+#define RM_AT_1(m, s, x) m(s, x)
+#define RM_AT_2(m, s, x, ...) m(s, x) RM_AT_1(m, s, __VA_ARGS__)
+#define RM_AT_3(m, s, x, ...) m(s, x) RM_AT_2(m, s, __VA_ARGS__)
+#define RM_AT_4(m, s, x, ...) m(s, x) RM_AT_3(m, s, __VA_ARGS__)
+#define RM_AT_5(m, s, x, ...) m(s, x) RM_AT_4(m, s, __VA_ARGS__)
+#define RM_AT_6(m, s, x, ...) m(s, x) RM_AT_5(m, s, __VA_ARGS__)
+#define RM_AT_7(m, s, x, ...) m(s, x) RM_AT_6(m, s, __VA_ARGS__)
+#define RM_AT_8(m, s, x, ...) m(s, x) RM_AT_7(m, s, __VA_ARGS__)
+#define RM_AT_9(m, s, x, ...) m(s, x) RM_AT_8(m, s, __VA_ARGS__)
+#define RM_AT_10(m, s, x, ...) m(s, x) RM_AT_9(m, s, __VA_ARGS__)
+#define RM_AT_11(m, s, x, ...) m(s, x) RM_AT_10(m, s, __VA_ARGS__)
+#define RM_AT_12(m, s, x, ...) m(s, x) RM_AT_11(m, s, __VA_ARGS__)
+#define RM_AT_DECL(s, f) RM_AT_DECL_##f
+#define RM_AT_DECL_INT(n) int64_t n;
+#define RM_AT_DECL_BOOL(n) bool n;
+#define RM_AT_DECL_REAL(n) double n;
+#define RM_AT_DECL_SHAPE(n)           /* the shared slot below */
+
 typedef struct rm_attrs {
-  int64_t i[4];
-  double f[4];
+  union {
+#define ATTRS(set, ...) struct { RM_AT_EACH(RM_AT_DECL, set, __VA_ARGS__) } set;
+#include "ops.def"
+  };
   uint64_t seed, offset;      /* random ops: drawn from the ctx generator by rm_op_run,
                                  replayed as recorded */
-  int ndim;                   /* a shape (view, expand, fill, rand, sum_to, ...) */
+  int ndim;                   /* SHAPE fields (view, expand, fill, rand, sum_to, ...) */
   int64_t shape[RM_MAX_DIM];
 } rm_attrs;
+
+/* An attribute as ops.def declares it: what the binding reads by name. */
+typedef enum { RM_ATTR_INT, RM_ATTR_BOOL, RM_ATTR_REAL, RM_ATTR_SHAPE } rm_attr_type;
+typedef struct rm_attr_field {
+  const char *name;
+  rm_attr_type type;
+  size_t offset;              /* into rm_attrs (SHAPE: of ndim; the sizes follow in shape) */
+} rm_attr_field;
 
 enum {
   RM_OPF_VIEW = 1,        /* no kernel: `view` builds the output over the input's storage */
@@ -81,9 +114,13 @@ struct rm_node {
 };
 
 const rm_op_def *rm_op_def_get(rm_op_id op);
-/* Looks up an op by name; returns -1 when unknown. */
+/* Looks up an op by name (a linear search: for policies and the binding's table of
+ * ids, not per call); returns -1 when unknown. */
 int rm_op_find(const char *name);
 const char *rm_op_name(rm_op_id op);
+/* op's attributes (*n of them; NULL and 0 for an unknown op). */
+const rm_attr_field *rm_op_attrs(rm_op_id op, int *n);
+const char *rm_attr_type_name(rm_attr_type t);
 void rm_attrs_init(rm_attrs *a);
 
 /* Runs op on in[0..nin-1]: checks, allocates outputs (category ctx->category),

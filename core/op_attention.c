@@ -3,8 +3,9 @@
  *
  * attention(q, k, v) -> y, then the extra lse
  *   q (..., Tq, hd); k and v (..., Tk, hd); the same leading dims, dtype and device.
- *   i[0] = 1: causal, aligned at the bottom right: query i sees keys j <= i + (Tk - Tq)
- *   (so Tq <= Tk is required; Tq = Tk is the usual mask). f[0] = scale (0: 1/sqrt(hd)).
+ *   Attrs {causal, scale}. causal: aligned at the bottom right: query i sees keys
+ *   j <= i + (Tk - Tq) (so Tq <= Tk is required; Tq = Tk is the usual mask). scale: 0
+ *   means 1/sqrt(hd).
  *   y has q's shape and dtype. lse (..., Tq) is the log-sum-exp of each scaled, masked
  *   score row, float64 for float64 inputs and float32 otherwise.
  *   A query with no key (Tk = 0) gets y = 0 and lse = -inf.
@@ -24,8 +25,8 @@
 rm_tensor *rm_attention(rm_ctx *ctx, rm_tensor *q, rm_tensor *k, rm_tensor *v, bool causal, double scale) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = causal;
-  at.f[0] = scale;
+  at.attention.causal = causal;
+  at.attention.scale = scale;
   rm_tensor *in[3] = { q, k, v };
   return rm_op1(ctx, RM_OP_ATTENTION, 3, in, &at);
 }
@@ -51,12 +52,10 @@ static int check_qkv(rm_ctx *ctx, const char *op, rm_tensor *const *in, const rm
                    "with q's leading dims)", op, rm_tensor_shape_str(k, s1, sizeof s1),
                    rm_tensor_shape_str(q, s2, sizeof s2), (long long)q->shape[n - 1]);
   if (rm_check_shape(ctx, op, "v", v, n, k->shape)) return ctx->err_code;
-  if (a->i[0] != 0 && a->i[0] != 1)
-    return rm_fail(ctx, RM_ERR_ARG, "%s: causal (i[0]) must be 0 or 1 (got %lld)", op, (long long)a->i[0]);
-  if (!isfinite(a->f[0]))
-    return rm_fail(ctx, RM_ERR_ARG, "%s: scale (f[0]) must be finite (got %g)", op, a->f[0]);
+  if (!isfinite(a->attention.scale))
+    return rm_fail(ctx, RM_ERR_ARG, "%s: scale must be finite (got %g)", op, a->attention.scale);
   int64_t Tq = q->shape[n - 2], Tk = k->shape[n - 2];
-  if (a->i[0] && Tq > Tk)
+  if (a->attention.causal && Tq > Tk)
     return rm_fail(ctx, RM_ERR_SHAPE, "%s: causal attention needs at least as many keys as queries "
                    "(%lld queries, %lld keys)", op, (long long)Tq, (long long)Tk);
   rm_tensor_meta(q, y);
@@ -67,12 +66,10 @@ static int check_qkv(rm_ctx *ctx, const char *op, rm_tensor *const *in, const rm
 }
 
 static int attention_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   return check_qkv(ctx, "attention", in, a, &out[0], &out[1]);
 }
 
 static int attention_bw_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   const char *op = "attention_backward";
   rm_meta y, lse;
   if (check_qkv(ctx, op, in, a, &y, &lse)) return ctx->err_code;
@@ -120,19 +117,17 @@ static double pair_work(rm_tensor *const *in, const rm_attrs *a) {
   double Tq = (double)q->shape[n - 2], Tk = (double)k->shape[n - 2], hd = (double)q->shape[n - 1];
   double bh = 1;
   for (int d = 0; d < n - 2; d++) bh *= (double)q->shape[d];
-  double pairs = a->i[0] ? Tq * Tk - Tq * (Tq - 1) / 2 : Tq * Tk;
+  double pairs = a->attention.causal ? Tq * Tk - Tq * (Tq - 1) / 2 : Tq * Tk;
   return bh * pairs * hd;
 }
 
 /* Two products of 2 flops per pair and head-dim element (q k^T, p v). */
 static double attention_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)out;
   return 4.0 * pair_work(in, a);
 }
 
 /* Five such products (s, dp, dq, dk, dv): 2.5x the forward. */
 static double attention_bw_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)out;
   return 10.0 * pair_work(in, a);
 }
 

@@ -2,13 +2,13 @@
  * MaxPool2d and AvgPool2d (lua/remat/nn.lua) are built from unfold and a GEMM, a max
  * or a mean, so each has one kernel per backend and a backward for free.
  *
- * Attrs of both (8 geometry values in the shape slots, ndim = 8):
- *   shape = { kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w }
+ * Attrs of both: window { kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+ * dilation_w, pad_value, height, width } (sh, ph, dh below: stride, pad, dilation)
  *   unfold(x)   x (B, C, H, W) -> (B, C*kh*kw, Ho*Wo); row c*kh*kw + i*kw + j holds
- *               x[b, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (f[0] where that falls
+ *               x[b, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (pad_value where that falls
  *               in the padding: 0 for convolutions, -inf for max pooling)
  *               Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1, likewise Wo
- *   fold(cols)  (internal) cols (B, C*kh*kw, Ho*Wo) -> (B, C, H, W), i[0] = H, i[1] = W:
+ *   fold(cols)  (internal) cols (B, C*kh*kw, Ho*Wo) -> (B, C, H, W), H = height, W = width:
  *               each input pixel sums the window entries that read it (padding drops) */
 #include <string.h>
 
@@ -17,8 +17,8 @@
 typedef struct { int64_t kh, kw, sh, sw, ph, pw, dh, dw; } geo;
 
 static int read_geo(rm_ctx *ctx, const char *op, const rm_attrs *a, geo *g) {
-  if (a->ndim != 8) return rm_fail(ctx, RM_ERR_ARG, "%s: expected 8 geometry values, got %d", op, a->ndim);
-  *g = (geo){ a->shape[0], a->shape[1], a->shape[2], a->shape[3], a->shape[4], a->shape[5], a->shape[6], a->shape[7] };
+  *g = (geo){ a->window.kh, a->window.kw, a->window.stride_h, a->window.stride_w,
+              a->window.pad_h, a->window.pad_w, a->window.dilation_h, a->window.dilation_w };
   if (g->kh < 1 || g->kw < 1 || g->sh < 1 || g->sw < 1 || g->dh < 1 || g->dw < 1 || g->ph < 0 || g->pw < 0)
     return rm_fail(ctx, RM_ERR_ARG, "%s: kernel %lldx%lld, stride %lldx%lld and dilation %lldx%lld must be >= 1, padding %lldx%lld >= 0",
                    op, (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw,
@@ -33,7 +33,6 @@ static int64_t out_size(int64_t n, int64_t k, int64_t s, int64_t p, int64_t d) {
 }
 
 static int unfold_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_tensor *x = in[0];
   geo g;
   if (read_geo(ctx, "unfold", a, &g)) return ctx->err_code;
@@ -56,11 +55,10 @@ static int unfold_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
 }
 
 static int fold_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_tensor *c = in[0];
   geo g;
   if (read_geo(ctx, "fold", a, &g)) return ctx->err_code;
-  int64_t h = a->i[0], w = a->i[1], k = g.kh * g.kw;
+  int64_t h = a->window.height, w = a->window.width, k = g.kh * g.kw;
   int64_t ho = out_size(h, g.kh, g.sh, g.ph, g.dh), wo = out_size(w, g.kw, g.sw, g.pw, g.dw);
   char s[96];
   if (c->ndim != 3 || c->shape[1] % k || c->shape[2] != ho * wo || h < 1 || w < 1)
@@ -78,24 +76,29 @@ static int fold_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs
 
 static int unfold_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   rm_attrs at = n->attrs;
-  at.i[0] = n->in[0]->shape[2];
-  at.i[1] = n->in[0]->shape[3];
+  at.window.height = n->in[0]->shape[2];
+  at.window.width = n->in[0]->shape[3];
   gin[0] = rm_op1(ctx, RM_OP_FOLD, 1, g, &at);
   return gin[0] ? RM_OK : ctx->err_code;
 }
 
 /* Data movement: one load and store per output element. */
 static double move_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)in; (void)a; (void)out;
   return 0;
 }
 
 rm_tensor *rm_unfold(rm_ctx *ctx, rm_tensor *x, const int64_t geometry[8], double pad_value) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.ndim = 8;
-  memcpy(at.shape, geometry, sizeof(int64_t) * 8);
-  at.f[0] = pad_value;
+  at.window.kh = geometry[0];
+  at.window.kw = geometry[1];
+  at.window.stride_h = geometry[2];
+  at.window.stride_w = geometry[3];
+  at.window.pad_h = geometry[4];
+  at.window.pad_w = geometry[5];
+  at.window.dilation_h = geometry[6];
+  at.window.dilation_w = geometry[7];
+  at.window.pad_value = pad_value;
   return rm_op1(ctx, RM_OP_UNFOLD, 1, &x, &at);
 }
 

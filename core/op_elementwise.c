@@ -3,7 +3,7 @@
  *
  * Binary ops, comparisons and where broadcast their inputs (numpy rules; the default
  * infer step of core/op.c checks devices, dtypes and shapes and names the op). Scalar
- * ops read attrs f[0]. Comparisons give 1.0/0.0 in the input dtype. Backward rules are
+ * ops read scalar.value. Comparisons give 1.0/0.0 in the input dtype. Backward rules are
  * written with the wrappers below, so they run on every backend; what each rule reads
  * is declared in its op's save_in/save_out, chosen to keep as little as possible
  * (ops whose derivative is a function of their output keep the output only). */
@@ -26,7 +26,7 @@ rm_tensor *rm_div(rm_ctx *ctx, rm_tensor *a, rm_tensor *b) { return rm_binary(ct
 rm_tensor *rm_scalar_op(rm_ctx *ctx, rm_op_id op, rm_tensor *a, double s) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.f[0] = s;
+  at.scalar.value = s;
   return rm_op1(ctx, op, 1, &a, &at);
 }
 
@@ -51,7 +51,7 @@ rm_tensor *rm_contiguous(rm_ctx *ctx, rm_tensor *a) {
 rm_tensor *rm_cast(rm_ctx *ctx, rm_tensor *a, rm_dtype dt) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = dt;
+  at.cast.dtype = dt;
   return rm_op1(ctx, RM_OP_CAST, 1, &a, &at);
 }
 
@@ -63,9 +63,9 @@ rm_tensor *rm_full(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim, const int6
     rm_fail(ctx, RM_ERR_ARG, "full: at most %d dimensions", RM_MAX_DIM);
     return NULL;
   }
-  at.f[0] = value;
-  at.i[0] = dt;
-  at.i[1] = dev;
+  at.fill.value = value;
+  at.fill.dtype = dt;
+  at.fill.device = dev;
   at.ndim = ndim;
   if (ndim) memcpy(at.shape, shape, sizeof(int64_t) * (size_t)ndim);
   return rm_op1(ctx, RM_OP_FILL, 0, NULL, &at);
@@ -219,17 +219,16 @@ static int where_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tenso
   return rc;
 }
 
-/* ---- scalar rules (f[0] = s) ---- */
+/* ---- scalar rules (scalar.value = s) ---- */
 
 static int pass_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
-  (void)ctx; (void)n;
   rm_tensor_hold(g[0]);
   gin[0] = g[0];
   return RM_OK;
 }
 
 static int mul_scalar_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
-  gin[0] = rm_scalar_op(ctx, RM_OP_MUL_SCALAR, g[0], n->attrs.f[0]);
+  gin[0] = rm_scalar_op(ctx, RM_OP_MUL_SCALAR, g[0], n->attrs.scalar.value);
   return gin[0] ? RM_OK : ctx->err_code;
 }
 
@@ -237,7 +236,7 @@ static int mul_scalar_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_
 static int pow_scalar_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   rm_tensor *x = rm_node_input(ctx, n, 0);
   if (!x) return ctx->err_code;
-  double s = n->attrs.f[0];
+  double s = n->attrs.scalar.value;
   rm_tensor *p = rm_scalar_op(ctx, RM_OP_POW_SCALAR, x, s - 1.0);
   rm_tensor *d = p ? rm_scalar_op(ctx, RM_OP_MUL_SCALAR, p, s) : NULL;
   rm_tensor_drop(ctx, p);
@@ -250,7 +249,7 @@ static int rdiv_scalar_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm
   rm_tensor *x = rm_node_input(ctx, n, 0);
   if (!x) return ctx->err_code;
   rm_tensor *p = rm_scalar_op(ctx, RM_OP_POW_SCALAR, x, -2.0);
-  rm_tensor *d = p ? rm_scalar_op(ctx, RM_OP_MUL_SCALAR, p, -n->attrs.f[0]) : NULL;
+  rm_tensor *d = p ? rm_scalar_op(ctx, RM_OP_MUL_SCALAR, p, -n->attrs.scalar.value) : NULL;
   rm_tensor_drop(ctx, p);
   gin[0] = times(ctx, g[0], d);
   return gin[0] ? RM_OK : ctx->err_code;
@@ -259,7 +258,6 @@ static int rdiv_scalar_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm
 /* ---- unary rules ---- */
 
 static int neg_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
-  (void)n;
   gin[0] = rm_unary(ctx, RM_OP_NEG, g[0]);
   return gin[0] ? RM_OK : ctx->err_code;
 }
@@ -317,8 +315,8 @@ static int abs_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor 
 static int clamp_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   rm_tensor *x = rm_node_input(ctx, n, 0);
   if (!x) return ctx->err_code;
-  rm_tensor *lo = scalar_like(ctx, x, n->attrs.f[0]);
-  rm_tensor *hi = lo ? scalar_like(ctx, x, n->attrs.f[1]) : NULL;
+  rm_tensor *lo = scalar_like(ctx, x, n->attrs.clamp.lo);
+  rm_tensor *hi = lo ? scalar_like(ctx, x, n->attrs.clamp.hi) : NULL;
   rm_tensor *above = hi ? rm_binary(ctx, RM_OP_GE, x, lo) : NULL;
   rm_tensor *below = above ? rm_binary(ctx, RM_OP_LE, x, hi) : NULL;
   rm_tensor *mask = below ? rm_mul(ctx, above, below) : NULL;
@@ -328,9 +326,9 @@ static int clamp_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tenso
 }
 
 static int clamp_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
-  if (a->f[0] != a->f[0] || a->f[1] != a->f[1] || a->f[0] > a->f[1])
-    return rm_fail(ctx, RM_ERR_ARG, "clamp: the bounds must satisfy min <= max (got %g and %g)", a->f[0], a->f[1]);
+  double lo = a->clamp.lo, hi = a->clamp.hi;
+  if (lo != lo || hi != hi || lo > hi)
+    return rm_fail(ctx, RM_ERR_ARG, "clamp: the bounds must satisfy min <= max (got %g and %g)", lo, hi);
   rm_tensor_meta(in[0], &out[0]);
   return RM_OK;
 }
@@ -375,11 +373,10 @@ static int silu_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor
 /* ---- copy, cast, fill ---- */
 
 static int cast_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
-  if (a->i[0] < 0 || a->i[0] >= RM_DTYPE_COUNT)
-    return rm_fail(ctx, RM_ERR_DTYPE, "cast: unknown dtype %lld", (long long)a->i[0]);
+  if (a->cast.dtype < 0 || a->cast.dtype >= RM_DTYPE_COUNT)
+    return rm_fail(ctx, RM_ERR_DTYPE, "cast: unknown dtype %lld", (long long)a->cast.dtype);
   rm_tensor_meta(in[0], &out[0]);
-  out[0].dtype = (rm_dtype)a->i[0];
+  out[0].dtype = (rm_dtype)a->cast.dtype;
   return RM_OK;
 }
 
@@ -389,15 +386,14 @@ static int cast_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor
 }
 
 static int fill_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin; (void)in;
-  if (a->i[0] < 0 || a->i[0] >= RM_DTYPE_COUNT)
-    return rm_fail(ctx, RM_ERR_DTYPE, "fill: unknown dtype %lld", (long long)a->i[0]);
-  if (a->i[1] < 0 || a->i[1] >= RM_DEVICE_COUNT)
-    return rm_fail(ctx, RM_ERR_DEVICE, "fill: unknown device %lld", (long long)a->i[1]);
+  if (a->fill.dtype < 0 || a->fill.dtype >= RM_DTYPE_COUNT)
+    return rm_fail(ctx, RM_ERR_DTYPE, "fill: unknown dtype %lld", (long long)a->fill.dtype);
+  if (a->fill.device < 0 || a->fill.device >= RM_DEVICE_COUNT)
+    return rm_fail(ctx, RM_ERR_DEVICE, "fill: unknown device %lld", (long long)a->fill.device);
   if (a->ndim < 0 || a->ndim > RM_MAX_DIM)
     return rm_fail(ctx, RM_ERR_ARG, "fill: at most %d dimensions", RM_MAX_DIM);
-  out[0].dtype = (rm_dtype)a->i[0];
-  out[0].device = (rm_device)a->i[1];
+  out[0].dtype = (rm_dtype)a->fill.dtype;
+  out[0].device = (rm_device)a->fill.device;
   out[0].ndim = a->ndim;
   memcpy(out[0].shape, a->shape, sizeof out[0].shape);
   for (int d = 0; d < a->ndim; d++)
@@ -410,7 +406,6 @@ static int fill_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs
 
 #define COST(nm, k) \
   static double nm##_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) { \
-    (void)nin; (void)in; (void)a;                                                                   \
     return (k) * (double)rm_meta_numel(&out[0]);                                                    \
   }
 COST(pow, 20)
@@ -472,7 +467,7 @@ UNARY(silu, silu_backward, 1, 0, silu_flops)
 UNARY(sigmoid, sigmoid_backward, 0, 1, sigmoid_flops)
 UNARY(copy, pass_backward, 0, 0, data_movement_flops)
 
-/* clamp: f[0] lower bound, f[1] upper bound (-inf / inf: none); NaN stays NaN. */
+/* clamp: lo, hi (-inf / inf: none); NaN stays NaN. */
 const rm_op_def rm_opdef_clamp = { .name = "clamp", .nin = 1, .nout = 1, .nvis = 1,
   .flags = RM_OPF_STRIDED, .save_in = 1, .infer = clamp_infer, .backward = clamp_backward };
 
@@ -485,7 +480,7 @@ const rm_op_def rm_opdef_gelu_backward = { .name = "gelu_backward", .nin = 2, .n
 const rm_op_def rm_opdef_silu_backward = { .name = "silu_backward", .nin = 2, .nout = 1, .nvis = 1,
   .flags = EW_BINARY | RM_OPF_NODIFF | RM_OPF_INTERNAL, .flops = silu_backward_flops };
 
-/* cast: i[0] = target dtype. fill: f[0] value, i[0] dtype, i[1] device, shape. */
+/* cast: dtype, the target. fill: value, dtype, device, shape. */
 const rm_op_def rm_opdef_cast = { .name = "cast", .nin = 1, .nout = 1, .nvis = 1,
   .flags = RM_OPF_STRIDED, .infer = cast_infer, .backward = cast_backward,
   .flops = data_movement_flops };

@@ -1,21 +1,21 @@
 /* Indexing: index_select, gather, concat, embedding, causal_mask, and the backward
- * helpers index_add, scatter_add, narrow_backward. i[0] = dim (0-based). Index
+ * helpers index_add, scatter_add, narrow_backward. Dims are 0-based. Index
  * tensors hold 1-based float values (float32 or float64, whatever the data's dtype);
  * their range is checked by the kernels, which see the values.
  *
  * Attrs of every op in this file:
- *   index_select(x, idx)      i[0] dim; idx 1-D
- *   gather(x, idx)            i[0] dim; idx has x's ndim, sizes <= x's off dim
- *   concat(t1, ..., tn)       i[0] dim (variadic)
+ *   index_select(x, idx)      axis {dim}; idx 1-D
+ *   gather(x, idx)            axis {dim}; idx has x's ndim, sizes <= x's off dim
+ *   concat(t1, ..., tn)       axis {dim} (variadic)
  *   embedding(weight, idx)    none; weight (V, D), idx any shape -> (idx..., D)
- *   causal_mask(scores)       i[0] = 0: fill -inf above the diagonal; 1: fill 0 (the
+ *   causal_mask(scores)       {zeros}: false: fill -inf above the diagonal; true: 0 (the
  *                             backward of the mask is the same mask with zeros)
- *   index_add(src, idx)       i[0] dim, i[1] size of dim in the output; idx 1-D of
+ *   index_add(src, idx)       {dim, size of dim in the output}; idx 1-D of
  *                             length src.shape[dim]; out = zeros, then
  *                             out.select(dim, idx[k]) += src.select(dim, k)
- *   scatter_add(src, idx)     i[0] dim, shape/ndim = output shape; idx has src's shape;
+ *   scatter_add(src, idx)     {dim, shape = the output shape}; idx has src's shape;
  *                             out = zeros, out[.., idx[p], ..] += src[p] along dim
- *   narrow_backward(g)        i[0] dim, i[1] start (0-based), i[2] full size of dim:
+ *   narrow_backward(g)        {dim, start (0-based), size (the full size of dim)}:
  *                             zeros of the full shape with g in the window */
 #include <string.h>
 
@@ -24,7 +24,7 @@
 static rm_tensor *with_dim(rm_ctx *ctx, rm_op_id op, rm_tensor *a, int64_t dim, rm_tensor *idx) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = dim;
+  at.axis.dim = dim;
   rm_tensor *in[2] = { a, idx };
   return rm_op1(ctx, op, 2, in, &at);
 }
@@ -40,7 +40,7 @@ rm_tensor *rm_gather(rm_ctx *ctx, rm_tensor *a, int64_t dim, rm_tensor *idx) {
 rm_tensor *rm_concat(rm_ctx *ctx, int n, rm_tensor *const *ts, int64_t dim) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = dim;
+  at.axis.dim = dim;
   return rm_op1(ctx, RM_OP_CONCAT, n, ts, &at);
 }
 
@@ -77,25 +77,23 @@ static int data_dim(rm_ctx *ctx, const char *op, rm_tensor *x, int64_t dim, int 
 static rm_tensor *index_add(rm_ctx *ctx, rm_tensor *src, rm_tensor *idx, int d, int64_t size) {
   rm_attrs a;
   rm_attrs_init(&a);
-  a.i[0] = d;
-  a.i[1] = size;
+  a.index_add.dim = d;
+  a.index_add.size = size;
   rm_tensor *in[2] = { src, idx };
   return rm_op1(ctx, RM_OP_INDEX_ADD, 2, in, &a);
 }
 
 static double flops_src(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a; (void)out;
   return (double)rm_tensor_numel(in[0]);
 }
 
 /* ---- index_select ---- */
 
 static int index_select_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_tensor *x = in[0], *idx = in[1];
   int d;
   char s[96];
-  if (data_dim(ctx, "index_select", x, a->i[0], &d)) return ctx->err_code;
+  if (data_dim(ctx, "index_select", x, a->axis.dim, &d)) return ctx->err_code;
   if (check_index(ctx, "index_select", x, idx, "indices")) return ctx->err_code;
   if (idx->ndim != 1)
     return rm_fail(ctx, RM_ERR_SHAPE, "index_select: the indices must be 1-D, got %s",
@@ -108,7 +106,7 @@ static int index_select_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const 
 static int index_select_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   if (!rm_node_needs_grad(n, 0)) return RM_OK;
   int d;
-  if (rm_check_dim(ctx, "index_select", n->attrs.i[0], n->in[0]->ndim, &d)) return ctx->err_code;
+  if (rm_check_dim(ctx, "index_select", n->attrs.axis.dim, n->in[0]->ndim, &d)) return ctx->err_code;
   rm_tensor *idx = rm_node_input(ctx, n, 1);
   if (!idx) return ctx->err_code;
   gin[0] = index_add(ctx, g[0], idx, d, n->in[0]->shape[d]);
@@ -123,11 +121,10 @@ const rm_op_def rm_opdef_index_select = {
 /* ---- gather ---- */
 
 static int gather_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_tensor *x = in[0], *idx = in[1];
   int d;
   char s1[96], s2[96];
-  if (data_dim(ctx, "gather", x, a->i[0], &d)) return ctx->err_code;
+  if (data_dim(ctx, "gather", x, a->axis.dim, &d)) return ctx->err_code;
   if (check_index(ctx, "gather", x, idx, "indices")) return ctx->err_code;
   if (idx->ndim != x->ndim)
     return rm_fail(ctx, RM_ERR_SHAPE, "gather: the indices (%s) must have as many dimensions as the input (%s)",
@@ -146,12 +143,12 @@ static int gather_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
   if (!rm_node_needs_grad(n, 0)) return RM_OK;
   rm_tensor *x = n->in[0];
   int d;
-  if (rm_check_dim(ctx, "gather", n->attrs.i[0], x->ndim, &d)) return ctx->err_code;
+  if (rm_check_dim(ctx, "gather", n->attrs.axis.dim, x->ndim, &d)) return ctx->err_code;
   rm_tensor *idx = rm_node_input(ctx, n, 1);
   if (!idx) return ctx->err_code;
   rm_attrs a;
   rm_attrs_init(&a);
-  a.i[0] = d;
+  a.scatter_add.dim = d;
   a.ndim = x->ndim;
   memcpy(a.shape, x->shape, sizeof a.shape);
   rm_tensor *in[2] = { g[0], idx };
@@ -172,7 +169,7 @@ static int concat_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
     return ctx->err_code;
   int d;
   if (in[0]->ndim == 0) return rm_fail(ctx, RM_ERR_SHAPE, "concat: cannot concatenate 0-d tensors");
-  if (rm_check_dim(ctx, "concat", a->i[0], in[0]->ndim, &d)) return ctx->err_code;
+  if (rm_check_dim(ctx, "concat", a->axis.dim, in[0]->ndim, &d)) return ctx->err_code;
   rm_tensor_meta(in[0], &out[0]);
   char s1[96], s2[96];
   for (int i = 1; i < nin; i++) {
@@ -189,7 +186,7 @@ static int concat_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
 
 static int concat_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   int d;
-  if (rm_check_dim(ctx, "concat", n->attrs.i[0], n->in[0]->ndim, &d)) return ctx->err_code;
+  if (rm_check_dim(ctx, "concat", n->attrs.axis.dim, n->in[0]->ndim, &d)) return ctx->err_code;
   int64_t start = 0;
   for (int i = 0; i < n->nin; i++) {
     int64_t len = n->in[i]->shape[d];
@@ -212,7 +209,6 @@ const rm_op_def rm_opdef_concat = {
 /* ---- embedding ---- */
 
 static int embedding_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin; (void)a;
   rm_tensor *w = in[0], *idx = in[1];
   char s[96];
   if (w->ndim != 2)
@@ -253,24 +249,19 @@ const rm_op_def rm_opdef_embedding = {
 /* ---- causal_mask ---- */
 
 static int causal_mask_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_tensor *x = in[0];
   char s[96];
   if (x->ndim < 2 || x->shape[x->ndim - 1] != x->shape[x->ndim - 2])
     return rm_fail(ctx, RM_ERR_SHAPE, "causal_mask: the scores must be (..., T, T), got %s",
                    rm_tensor_shape_str(x, s, sizeof s));
-  if (a->i[0] != 0 && a->i[0] != 1)
-    return rm_fail(ctx, RM_ERR_ARG, "causal_mask: i[0] must be 0 (fill -inf) or 1 (fill 0), got %lld",
-                   (long long)a->i[0]);
   rm_tensor_meta(x, &out[0]);
   return RM_OK;
 }
 
 static int causal_mask_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
-  (void)n;
   rm_attrs a;
   rm_attrs_init(&a);
-  a.i[0] = 1;
+  a.causal_mask.zeros = true;
   gin[0] = rm_op1(ctx, RM_OP_CAUSAL_MASK, 1, g, &a);
   return gin[0] ? RM_OK : ctx->err_code;
 }
@@ -283,19 +274,18 @@ const rm_op_def rm_opdef_causal_mask = {
 /* ---- index_add (backward of index_select and embedding) ---- */
 
 static int index_add_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_tensor *src = in[0], *idx = in[1];
   int d;
   char s1[96], s2[96];
-  if (data_dim(ctx, "index_add", src, a->i[0], &d)) return ctx->err_code;
+  if (data_dim(ctx, "index_add", src, a->index_add.dim, &d)) return ctx->err_code;
   if (check_index(ctx, "index_add", src, idx, "indices")) return ctx->err_code;
   if (idx->ndim != 1 || idx->shape[0] != src->shape[d])
     return rm_fail(ctx, RM_ERR_SHAPE, "index_add: the indices (%s) must be 1-D with one index per slice of the source (%s) along dimension %d",
                    rm_tensor_shape_str(idx, s1, sizeof s1), rm_tensor_shape_str(src, s2, sizeof s2), d + 1);
-  if (a->i[1] < 0)
-    return rm_fail(ctx, RM_ERR_ARG, "index_add: output size %lld is negative", (long long)a->i[1]);
+  if (a->index_add.size < 0)
+    return rm_fail(ctx, RM_ERR_ARG, "index_add: output size %lld is negative", (long long)a->index_add.size);
   rm_tensor_meta(src, &out[0]);
-  out[0].shape[d] = a->i[1];
+  out[0].shape[d] = a->index_add.size;
   return RM_OK;
 }
 
@@ -307,11 +297,10 @@ const rm_op_def rm_opdef_index_add = {
 /* ---- scatter_add (backward of gather) ---- */
 
 static int scatter_add_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_tensor *src = in[0], *idx = in[1];
   int d;
   char s1[96], s2[96];
-  if (data_dim(ctx, "scatter_add", src, a->i[0], &d)) return ctx->err_code;
+  if (data_dim(ctx, "scatter_add", src, a->scatter_add.dim, &d)) return ctx->err_code;
   if (check_index(ctx, "scatter_add", src, idx, "indices")) return ctx->err_code;
   if (!rm_same_shape(idx, src) || idx->ndim != src->ndim)
     return rm_fail(ctx, RM_ERR_SHAPE, "scatter_add: the indices (%s) must have the source's shape (%s)",
@@ -336,15 +325,15 @@ const rm_op_def rm_opdef_scatter_add = {
 /* ---- narrow_backward (backward of narrow and select) ---- */
 
 static int narrow_backward_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_tensor *g = in[0];
   int d;
-  if (data_dim(ctx, "narrow_backward", g, a->i[0], &d)) return ctx->err_code;
-  if (a->i[1] < 0 || a->i[1] + g->shape[d] > a->i[2])
+  if (data_dim(ctx, "narrow_backward", g, a->narrow_backward.dim, &d)) return ctx->err_code;
+  int64_t start = a->narrow_backward.start, size = a->narrow_backward.size;
+  if (start < 0 || start + g->shape[d] > size)
     return rm_fail(ctx, RM_ERR_ARG, "narrow_backward: window %lld..%lld does not fit in size %lld of dimension %d",
-                   (long long)a->i[1] + 1, (long long)(a->i[1] + g->shape[d]), (long long)a->i[2], d + 1);
+                   (long long)start + 1, (long long)(start + g->shape[d]), (long long)size, d + 1);
   rm_tensor_meta(g, &out[0]);
-  out[0].shape[d] = a->i[2];
+  out[0].shape[d] = size;
   return RM_OK;
 }
 

@@ -41,7 +41,6 @@ static int check_logits_labels(rm_ctx *ctx, const char *op, rm_tensor *logits, r
 }
 
 static int cross_entropy_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin; (void)a;
   if (check_logits_labels(ctx, "cross_entropy", in[0], in[1])) return ctx->err_code;
   out[0] = (rm_meta){ in[0]->dtype, in[0]->device, 0, { 0 } };
   return RM_OK;
@@ -59,7 +58,6 @@ static int cross_entropy_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, 
 
 /* Per row: max, exp-sum, log, pick: about 4 flops per logit. */
 static double cross_entropy_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a; (void)out;
   return 4.0 * (double)rm_tensor_numel(in[0]);
 }
 
@@ -70,7 +68,6 @@ const rm_op_def rm_opdef_cross_entropy = {
 
 static int cross_entropy_backward_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a,
                                         rm_meta *out) {
-  (void)nin; (void)a;
   const char *op = "cross_entropy_backward";
   if (check_logits_labels(ctx, op, in[0], in[1])) return ctx->err_code;
   rm_tensor *g = in[2];
@@ -95,7 +92,6 @@ const rm_op_def rm_opdef_cross_entropy_backward = {
 /* ---- mse ---- */
 
 static int mse_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)a;
   if (rm_check_same_device(ctx, "mse", nin, in) || rm_check_same_dtype(ctx, "mse", nin, in))
     return ctx->err_code;
   if (!rm_same_shape(in[0], in[1])) {
@@ -130,7 +126,6 @@ static int mse_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor 
 
 /* Subtract, square, add: 3 flops per element. */
 static double mse_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a; (void)out;
   return 3.0 * (double)rm_tensor_numel(in[0]);
 }
 

@@ -18,7 +18,6 @@ rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b) {
 /* ---- matmul ---- */
 
 static int matmul_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)a;
   if (rm_check_same_device(ctx, "matmul", nin, in) || rm_check_same_dtype(ctx, "matmul", nin, in))
     return ctx->err_code;
   rm_tensor *x = in[0], *y = in[1];
@@ -122,7 +121,6 @@ static int matmul_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
 
 /* 2 M N K per batch: numel(out) = batch M N. */
 static double matmul_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a;
   return 2.0 * (double)rm_meta_numel(&out[0]) * (double)in[0]->shape[in[0]->ndim - 1];
 }
 
@@ -133,7 +131,6 @@ const rm_op_def rm_opdef_matmul = { .name = "matmul", .nin = 2, .nout = 1, .nvis
 /* ---- linear: inputs x (..., in), w (out, in), optional b (out) ---- */
 
 static int linear_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)a;
   if (nin < 2 || nin > 3)
     return rm_fail(ctx, RM_ERR_ARG, "linear: takes an input, a weight and an optional bias (got %d tensors)", nin);
   if (rm_check_same_device(ctx, "linear", nin, in) || rm_check_same_dtype(ctx, "linear", nin, in))
@@ -191,7 +188,6 @@ static int linear_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
 
 /* 2 R in out for the product, R out more for the bias. */
 static double linear_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)a;
   double ro = (double)rm_meta_numel(&out[0]);
   return 2.0 * ro * (double)in[1]->shape[1] + (nin > 2 ? ro : 0.0);
 }

@@ -1,18 +1,18 @@
-/* Normalisation over the last dimension: layernorm and rmsnorm. f[0] = eps.
+/* Normalisation over the last dimension: layernorm and rmsnorm. Attrs: norm {eps}.
  * layernorm(x[, w[, b]]): outputs y, then extras mean and rstd (x's leading dims),
  *   kept for backward with x and w.
  * rmsnorm(x[, w]): outputs y, then the extra rstd.
  * Internal helpers (not differentiable):
- *   layernorm_backward(x, mean, rstd, g[, w]) -> gx, gw, gb; i[0] = which to compute
+ *   layernorm_backward(x, mean, rstd, g[, w]) -> gx, gw, gb; norm_backward {want}: which
  *     (bit 0 gx, bit 1 gw, bit 2 gb; the others come back as zeros). gw/gb have shape
  *     (C) even without affine parameters.
- *   rmsnorm_backward(x, rstd, g[, w]) -> gx, gw; i[0]: bit 0 gx, bit 1 gw. */
+ *   rmsnorm_backward(x, rstd, g[, w]) -> gx, gw; want: bit 0 gx, bit 1 gw. */
 #include "ops.h"
 
 rm_tensor *rm_layernorm(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b, double eps) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.f[0] = eps;
+  at.norm.eps = eps;
   rm_tensor *in[3] = { x, w, b };
   int nin = 1 + (w != NULL) + (b != NULL);
   return rm_op1(ctx, RM_OP_LAYERNORM, nin, in, &at);
@@ -21,7 +21,7 @@ rm_tensor *rm_layernorm(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b, d
 rm_tensor *rm_rmsnorm(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, double eps) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.f[0] = eps;
+  at.norm.eps = eps;
   rm_tensor *in[2] = { x, w };
   return rm_op1(ctx, RM_OP_RMSNORM, w ? 2 : 1, in, &at);
 }
@@ -63,7 +63,6 @@ static int check_norm(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in
 static const char *const affine_names[] = { "weight", "bias" };
 
 static int layernorm_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)a;
   if (check_norm(ctx, "layernorm", nin, in, 1, 3, 1, affine_names)) return ctx->err_code;
   rm_tensor_meta(in[0], &out[0]);
   stats_meta(in[0], &out[1]);
@@ -72,7 +71,6 @@ static int layernorm_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_
 }
 
 static int rmsnorm_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)a;
   if (check_norm(ctx, "rmsnorm", nin, in, 1, 2, 1, affine_names)) return ctx->err_code;
   rm_tensor_meta(in[0], &out[0]);
   stats_meta(in[0], &out[1]);
@@ -113,12 +111,10 @@ static int norm_bw_infer(rm_ctx *ctx, const char *op, int nin, rm_tensor *const 
 }
 
 static int layernorm_bw_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)a;
   return norm_bw_infer(ctx, "layernorm_backward", nin, in, 2, 3, out);
 }
 
 static int rmsnorm_bw_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)a;
   return norm_bw_infer(ctx, "rmsnorm_backward", nin, in, 1, 2, out);
 }
 
@@ -138,7 +134,7 @@ static int norm_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor
   rm_attrs at;
   rm_attrs_init(&at);
   for (int i = 0; i < n->nin; i++)
-    if (rm_node_needs_grad(n, i)) at.i[0] |= 1 << i;
+    if (rm_node_needs_grad(n, i)) at.norm_backward.want |= 1 << i;
   rm_tensor *outs[3] = { 0 };
   if (rm_op_run(ctx, bw, k, args, &at, outs)) return ctx->err_code;
   for (int j = 0; j < nout; j++) {
@@ -159,17 +155,14 @@ static int rmsnorm_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_ten
 /* ---- cost models (per element of x) ---- */
 
 static double layernorm_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)a; (void)out;
   return (5.0 + 2.0 * (nin > 1) + (nin > 2)) * (double)rm_tensor_numel(in[0]);
 }
 
 static double rmsnorm_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)a; (void)out;
   return (3.0 + (nin > 1)) * (double)rm_tensor_numel(in[0]);
 }
 
 static double norm_bw_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a; (void)out;
   return 12.0 * (double)rm_tensor_numel(in[0]);
 }
 

@@ -4,8 +4,8 @@
  * (single-tensor path, maximize = false).
  *
  * sgd_step(param, grad, buf) -> (param, buf)
- *   f[0] lr, f[1] momentum, f[2] weight_decay, f[3] dampening,
- *   i[0] nesterov (0/1), i[1] first step (1: buf = d_p instead of the momentum update).
+ *   sgd {lr, momentum, weight_decay, dampening, nesterov, first (the first step:
+ *   buf = d_p instead of the momentum update)}
  *     d_p = grad + weight_decay * param
  *     momentum != 0: buf = first ? d_p : momentum * buf + (1 - dampening) * d_p
  *                    d_p = nesterov ? d_p + momentum * buf : buf
@@ -14,18 +14,14 @@
  *   output tensor when it is not aliased).
  *
  * adamw_step(param, grad, m, v) -> (param, m, v)
- *   f[0] lr, f[1] beta1, f[2] beta2, f[3] eps,
- *   i[0] step t (>= 1, counting this step), i[1] decoupled (1: AdamW, 0: Adam with L2),
- *   i[2] weight_decay as the IEEE-754 bits of a double (rm_attrs has 4 float slots, all
- *        taken; the bits carry the value exactly): memcpy(&a.i[2], &wd, 8) in C,
- *        string.unpack("<i8", string.pack("<d", wd)) in Lua. 0 bits = no decay.
+ *   adamw {lr, beta1, beta2, eps, weight_decay, step t (>= 1, counting this step),
+ *   decoupled (true: AdamW, false: Adam with L2)}
  *     decoupled: param *= 1 - lr * wd;  else: grad += wd * param
  *     m = lerp(m, grad, 1 - beta1);  v = beta2 * v + (1 - beta2) * grad^2
  *     param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
  *
  * rmsprop_step(param, grad, square_avg, buf, grad_avg) -> (param, square_avg, buf, grad_avg)
- *   f[0] lr, f[1] alpha, f[2] eps, f[3] momentum,
- *   i[0] weight_decay as the bits of a double (as adamw_step's i[2]), i[1] centered (0/1).
+ *   rmsprop {lr, alpha, eps, momentum, weight_decay, centered}
  *     grad += wd * param
  *     square_avg = alpha * square_avg + (1 - alpha) * grad^2
  *     centered: grad_avg = lerp(grad_avg, grad, 1 - alpha); avg = sqrt(square_avg - grad_avg^2) + eps
@@ -69,12 +65,12 @@ static int check_state(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *i
 static int sgd_step_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   const char *op = "sgd_step";
   if (check_state(ctx, op, nin, in)) return ctx->err_code;
-  double lr = a->f[0], momentum = a->f[1], wd = a->f[2], dampening = a->f[3];
+  double lr = a->sgd.lr, momentum = a->sgd.momentum, wd = a->sgd.weight_decay, dampening = a->sgd.dampening;
   if (!(lr >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid learning rate %g", op, lr);
   if (!(momentum >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid momentum %g", op, momentum);
   if (!(wd >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid weight_decay %g", op, wd);
   if (!isfinite(dampening)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid dampening %g", op, dampening);
-  if (a->i[0] && (momentum <= 0 || dampening != 0))
+  if (a->sgd.nesterov && (momentum <= 0 || dampening != 0))
     return rm_fail(ctx, RM_ERR_ARG, "%s: nesterov momentum requires a momentum and zero dampening", op);
   rm_tensor_meta(in[0], &out[0]);
   out[1] = out[0];
@@ -82,7 +78,6 @@ static int sgd_step_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_a
 }
 
 static double sgd_step_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a; (void)out;
   return 6.0 * (double)rm_tensor_numel(in[0]);
 }
 
@@ -94,23 +89,20 @@ const rm_op_def rm_opdef_sgd_step = {
 static int adamw_step_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   const char *op = "adamw_step";
   if (check_state(ctx, op, nin, in)) return ctx->err_code;
-  double lr = a->f[0], b1 = a->f[1], b2 = a->f[2], eps = a->f[3], wd;
-  memcpy(&wd, &a->i[2], sizeof wd);
+  double lr = a->adamw.lr, b1 = a->adamw.beta1, b2 = a->adamw.beta2, eps = a->adamw.eps;
+  double wd = a->adamw.weight_decay;
   if (!(lr >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid learning rate %g", op, lr);
   if (!(b1 >= 0 && b1 < 1)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid beta1 %g (must be in [0, 1))", op, b1);
   if (!(b2 >= 0 && b2 < 1)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid beta2 %g (must be in [0, 1))", op, b2);
   if (!(eps >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid eps %g", op, eps);
   if (!(wd >= 0))
-    return rm_fail(ctx, RM_ERR_ARG, "%s: invalid weight_decay %g (i[2] holds the bits of a double)", op, wd);
-  if (a->i[0] < 1) return rm_fail(ctx, RM_ERR_ARG, "%s: step %lld must be >= 1", op, (long long)a->i[0]);
-  if (a->i[1] != 0 && a->i[1] != 1)
-    return rm_fail(ctx, RM_ERR_ARG, "%s: decoupled (i[1]) must be 0 or 1, got %lld", op, (long long)a->i[1]);
+    return rm_fail(ctx, RM_ERR_ARG, "%s: invalid weight_decay %g", op, wd);
+  if (a->adamw.step < 1) return rm_fail(ctx, RM_ERR_ARG, "%s: step %lld must be >= 1", op, (long long)a->adamw.step);
   for (int j = 0; j < 3; j++) rm_tensor_meta(in[0], &out[j]);
   return RM_OK;
 }
 
 static double adamw_step_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a; (void)out;
   return 14.0 * (double)rm_tensor_numel(in[0]);
 }
 
@@ -122,22 +114,19 @@ const rm_op_def rm_opdef_adamw_step = {
 static int rmsprop_step_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   const char *op = "rmsprop_step";
   if (check_state(ctx, op, nin, in)) return ctx->err_code;
-  double lr = a->f[0], alpha = a->f[1], eps = a->f[2], momentum = a->f[3], wd;
-  memcpy(&wd, &a->i[0], sizeof wd);
+  double lr = a->rmsprop.lr, alpha = a->rmsprop.alpha, eps = a->rmsprop.eps, momentum = a->rmsprop.momentum;
+  double wd = a->rmsprop.weight_decay;
   if (!(lr >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid learning rate %g", op, lr);
   if (!(alpha >= 0 && alpha <= 1)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid alpha %g (must be in [0, 1])", op, alpha);
   if (!(eps >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid eps %g", op, eps);
   if (!(momentum >= 0)) return rm_fail(ctx, RM_ERR_ARG, "%s: invalid momentum %g", op, momentum);
   if (!(wd >= 0))
-    return rm_fail(ctx, RM_ERR_ARG, "%s: invalid weight_decay %g (i[0] holds the bits of a double)", op, wd);
-  if (a->i[1] != 0 && a->i[1] != 1)
-    return rm_fail(ctx, RM_ERR_ARG, "%s: centered (i[1]) must be 0 or 1, got %lld", op, (long long)a->i[1]);
+    return rm_fail(ctx, RM_ERR_ARG, "%s: invalid weight_decay %g", op, wd);
   for (int j = 0; j < 4; j++) rm_tensor_meta(in[0], &out[j]);
   return RM_OK;
 }
 
 static double rmsprop_step_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a; (void)out;
   return 12.0 * (double)rm_tensor_numel(in[0]);
 }
 

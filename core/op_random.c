@@ -1,5 +1,5 @@
 /* Random ops over the counter-based generator (core/philox.h): rand, randn, dropout.
- * rand/randn attrs: i[0] dtype, i[1] device, shape. dropout: f[0] = p. Seed and offset
+ * rand/randn attrs: draw {dtype, device, shape}. dropout: {p}. Seed and offset
  * are drawn by rm_op_run and recorded, so a replay gives the same bits.
  *
  * dropout(x) = x * keep / (1 - p), keep = rm_rand_uniform(seed, offset, e) > p for the
@@ -19,8 +19,8 @@ static rm_tensor *draw(rm_ctx *ctx, rm_op_id op, rm_dtype dt, rm_device dev, int
     rm_fail(ctx, RM_ERR_ARG, "%s: at most %d dimensions", rm_op_name(op), RM_MAX_DIM);
     return NULL;
   }
-  at.i[0] = dt;
-  at.i[1] = dev;
+  at.draw.dtype = dt;
+  at.draw.device = dev;
   at.ndim = ndim;
   memcpy(at.shape, shape, sizeof(int64_t) * (size_t)ndim);
   return rm_op1(ctx, op, 0, NULL, &at);
@@ -40,36 +40,37 @@ rm_tensor *rm_randn(rm_ctx *ctx, rm_dtype dt, rm_device dev, int ndim, const int
  * 1/(1-p). Fails (RM_ERR_ARG) unless 0 <= p < 1. Always drops: the train/eval switch
  * belongs to the module. */
 rm_tensor *rm_dropout(rm_ctx *ctx, rm_tensor *x, double p) {
-  return rm_scalar_op(ctx, RM_OP_DROPOUT, x, p);
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.dropout.p = p;
+  return rm_op1(ctx, RM_OP_DROPOUT, 1, &x, &at);
 }
 
 /* ---- infer ---- */
 
 static int draw_infer(rm_ctx *ctx, const char *op, const rm_attrs *a, rm_meta *out) {
-  if (a->i[0] < 0 || a->i[0] >= RM_DTYPE_COUNT)
-    return rm_fail(ctx, RM_ERR_DTYPE, "%s: unknown dtype %lld", op, (long long)a->i[0]);
-  if (a->i[1] < 0 || a->i[1] >= RM_DEVICE_COUNT)
-    return rm_fail(ctx, RM_ERR_DEVICE, "%s: unknown device %lld", op, (long long)a->i[1]);
+  if (a->draw.dtype < 0 || a->draw.dtype >= RM_DTYPE_COUNT)
+    return rm_fail(ctx, RM_ERR_DTYPE, "%s: unknown dtype %lld", op, (long long)a->draw.dtype);
+  if (a->draw.device < 0 || a->draw.device >= RM_DEVICE_COUNT)
+    return rm_fail(ctx, RM_ERR_DEVICE, "%s: unknown device %lld", op, (long long)a->draw.device);
   if (a->ndim < 0 || a->ndim > RM_MAX_DIM)
     return rm_fail(ctx, RM_ERR_ARG, "%s: at most %d dimensions", op, RM_MAX_DIM);
   for (int d = 0; d < a->ndim; d++)
     if (a->shape[d] < 0)
       return rm_fail(ctx, RM_ERR_ARG, "%s: size %lld of dimension %d is negative", op,
                      (long long)a->shape[d], d + 1);
-  out[0].dtype = (rm_dtype)a->i[0];
-  out[0].device = (rm_device)a->i[1];
+  out[0].dtype = (rm_dtype)a->draw.dtype;
+  out[0].device = (rm_device)a->draw.device;
   out[0].ndim = a->ndim;
   memcpy(out[0].shape, a->shape, sizeof out[0].shape);
   return RM_OK;
 }
 
 static int rand_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin; (void)in;
   return draw_infer(ctx, "rand", a, out);
 }
 
 static int randn_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin; (void)in;
   return draw_infer(ctx, "randn", a, out);
 }
 
@@ -80,16 +81,14 @@ static int check_p(rm_ctx *ctx, const char *op, double p) {
 }
 
 static int dropout_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
-  if (check_p(ctx, "dropout", a->f[0])) return ctx->err_code;
+  if (check_p(ctx, "dropout", a->dropout.p)) return ctx->err_code;
   rm_tensor_meta(in[0], &out[0]);
   return RM_OK;
 }
 
 static int dropout_backward_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a,
                                   rm_meta *out) {
-  (void)nin;
-  if (check_p(ctx, "dropout_backward", a->f[0])) return ctx->err_code;
+  if (check_p(ctx, "dropout_backward", a->dropout.p)) return ctx->err_code;
   rm_tensor_meta(in[0], &out[0]);
   return RM_OK;
 }
@@ -104,17 +103,14 @@ static int dropout_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_ten
 /* ---- costs: a Philox call (10 rounds) serves 4 uniforms or 2 normals ---- */
 
 static double rand_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)in; (void)a;
   return 20.0 * (double)rm_meta_numel(&out[0]);
 }
 
 static double randn_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)in; (void)a;
   return 60.0 * (double)rm_meta_numel(&out[0]);
 }
 
 static double dropout_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)in; (void)a;
   return 22.0 * (double)rm_meta_numel(&out[0]);
 }
 

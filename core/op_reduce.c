@@ -1,7 +1,8 @@
 /* Reductions (sum, mean, max, argmax, sum_to) and softmax / log_softmax.
- * Attrs: i[0] dim (0-based, negatives count from the end; RM_DIM_ALL: every dim),
- * i[1] keepdim. sum_to: shape/ndim. softmax family: i[0] dim.
- * Internal helpers: softmax_backward(y, g) and log_softmax_backward(y, g), i[0] dim. */
+ * Attrs (core/ops.def): reduce {dim, keepdim} (dim 0-based, negatives count from the
+ * end; RM_DIM_ALL: every dim); sum_to: shape; the softmax family: axis {dim}.
+ * Internal helpers: softmax_backward(y, g) and log_softmax_backward(y, g), axis {dim}. */
+
 #include <string.h>
 
 #include "ops.h"
@@ -9,8 +10,8 @@
 static rm_tensor *reduce(rm_ctx *ctx, rm_op_id op, rm_tensor *a, int64_t dim, bool keepdim) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = dim;
-  at.i[1] = keepdim;
+  at.reduce.dim = dim;
+  at.reduce.keepdim = keepdim;
   return rm_op1(ctx, op, 1, &a, &at);
 }
 
@@ -21,8 +22,8 @@ rm_tensor *rm_argmax(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim) { ret
 rm_tensor *rm_max(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim, rm_tensor **indices) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = dim;
-  at.i[1] = keepdim;
+  at.reduce.dim = dim;
+  at.reduce.keepdim = keepdim;
   rm_tensor *out[2] = { 0 };
   if (rm_op_run(ctx, RM_OP_MAX, 1, &a, &at, out) != RM_OK) return NULL;
   if (indices) *indices = out[1];
@@ -42,8 +43,15 @@ rm_tensor *rm_sum_to(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape) 
   return rm_op1(ctx, RM_OP_SUM_TO, 1, &a, &at);
 }
 
-rm_tensor *rm_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return reduce(ctx, RM_OP_SOFTMAX, a, dim, false); }
-rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return reduce(ctx, RM_OP_LOG_SOFTMAX, a, dim, false); }
+static rm_tensor *softmax_op(rm_ctx *ctx, rm_op_id op, rm_tensor *a, int64_t dim) {
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.axis.dim = dim;
+  return rm_op1(ctx, op, 1, &a, &at);
+}
+
+rm_tensor *rm_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return softmax_op(ctx, RM_OP_SOFTMAX, a, dim); }
+rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return softmax_op(ctx, RM_OP_LOG_SOFTMAX, a, dim); }
 
 /* ---- shapes ---- */
 
@@ -53,20 +61,21 @@ static int check_dim(rm_ctx *ctx, const char *op, int64_t dim, int ndim, int *d)
   return rm_check_dim(ctx, op, dim, ndim, d);
 }
 
-/* Output meta of reducing `in` over attr dim (i[0]) with keepdim (i[1]); *d receives
+/* Output meta of reducing `in` over a->reduce.dim (keepdim too); *d receives
  * the normalised dim (-1: every dim). Raises on a dim out of range. */
 static int reduced_meta(rm_ctx *ctx, const char *op, rm_tensor *in, const rm_attrs *a,
                         rm_meta *out, int *d) {
   rm_tensor_meta(in, out);
-  bool keep = a->i[1] != 0;
-  if (a->i[0] == RM_DIM_ALL || in->ndim == 0) {
-    if (in->ndim == 0 && a->i[0] != RM_DIM_ALL && check_dim(ctx, op, a->i[0], 0, d)) return ctx->err_code;
+  bool keep = a->reduce.keepdim;
+  int64_t dim = a->reduce.dim;
+  if (dim == RM_DIM_ALL || in->ndim == 0) {
+    if (in->ndim == 0 && dim != RM_DIM_ALL && check_dim(ctx, op, dim, 0, d)) return ctx->err_code;
     *d = -1;
     if (keep) for (int k = 0; k < in->ndim; k++) out->shape[k] = 1;
     else out->ndim = 0;
     return RM_OK;
   }
-  if (check_dim(ctx, op, a->i[0], in->ndim, d)) return ctx->err_code;
+  if (check_dim(ctx, op, dim, in->ndim, d)) return ctx->err_code;
   if (keep) {
     out->shape[*d] = 1;
   } else {
@@ -82,13 +91,11 @@ static void keepdim_shape(rm_tensor *in, int d, int64_t *shape) {
 }
 
 static int sum_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   int d;
   return reduced_meta(ctx, "sum", in[0], a, &out[0], &d);
 }
 
 static int mean_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   int d;
   return reduced_meta(ctx, "mean", in[0], a, &out[0], &d);
 }
@@ -111,7 +118,6 @@ static int max_meta(rm_ctx *ctx, const char *op, rm_tensor *in, const rm_attrs *
 static rm_dtype index_dtype(rm_dtype dt) { return dt == RM_F64 ? RM_F64 : RM_F32; }
 
 static int max_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   if (max_meta(ctx, "max", in[0], a, &out[0])) return ctx->err_code;
   out[1] = out[0];
   out[1].dtype = index_dtype(in[0]->dtype);
@@ -119,14 +125,12 @@ static int max_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs 
 }
 
 static int argmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   if (max_meta(ctx, "argmax", in[0], a, &out[0])) return ctx->err_code;
   out[0].dtype = index_dtype(in[0]->dtype);
   return RM_OK;
 }
 
 static int sum_to_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_tensor *x = in[0];
   int off = x->ndim - a->ndim;
   bool ok = a->ndim >= 0 && off >= 0;
@@ -146,18 +150,16 @@ static int sum_to_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
 
 static int softmax_infer_named(rm_ctx *ctx, const char *op, rm_tensor *x, const rm_attrs *a, rm_meta *out) {
   int d;
-  if (check_dim(ctx, op, a->i[0], x->ndim, &d)) return ctx->err_code;
+  if (check_dim(ctx, op, a->axis.dim, x->ndim, &d)) return ctx->err_code;
   rm_tensor_meta(x, &out[0]);
   return RM_OK;
 }
 
 static int softmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   return softmax_infer_named(ctx, "softmax", in[0], a, out);
 }
 
 static int log_softmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   return softmax_infer_named(ctx, "log_softmax", in[0], a, out);
 }
 
@@ -173,12 +175,10 @@ static int softmax_bw_check(rm_ctx *ctx, const char *op, rm_tensor *const *in, c
 }
 
 static int softmax_bw_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   return softmax_bw_check(ctx, "softmax_backward", in, a, out);
 }
 
 static int log_softmax_bw_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   return softmax_bw_check(ctx, "log_softmax_backward", in, a, out);
 }
 
@@ -197,9 +197,9 @@ static rm_tensor *spread(rm_ctx *ctx, rm_tensor *g, rm_tensor *x, const int64_t 
 
 static int norm_dim(rm_ctx *ctx, const rm_node *n) {
   rm_tensor *x = n->in[0];
-  if (n->attrs.i[0] == RM_DIM_ALL || x->ndim == 0) return -1;
+  if (n->attrs.reduce.dim == RM_DIM_ALL || x->ndim == 0) return -1;
   int d = -1;
-  rm_check_dim(ctx, rm_op_name(n->op), n->attrs.i[0], x->ndim, &d);
+  rm_check_dim(ctx, rm_op_name(n->op), n->attrs.reduce.dim, x->ndim, &d);
   return d;
 }
 
@@ -244,13 +244,13 @@ static int max_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor 
   if (d < 0) {
     kn = 1;
     ks[0] = 1;
-    at.i[0] = 0;
+    at.scatter_add.dim = 0;
     at.ndim = 1;
     at.shape[0] = rm_tensor_numel(x);
   } else {
     kn = x->ndim;
     keepdim_shape(x, d, ks);
-    at.i[0] = d;
+    at.scatter_add.dim = d;
     at.ndim = x->ndim;
     memcpy(at.shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
   }
@@ -273,7 +273,7 @@ static int softmax_like_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, r
   if (!y) return ctx->err_code;
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = n->attrs.i[0];
+  at.axis.dim = n->attrs.axis.dim;
   rm_tensor *in[2] = { y, g[0] };
   gin[0] = rm_op1(ctx, bw, 2, in, &at);
   return gin[0] ? RM_OK : ctx->err_code;
@@ -290,13 +290,11 @@ static int log_softmax_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm
 /* ---- cost models ---- */
 
 static double in_numel_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a; (void)out;
   return (double)rm_tensor_numel(in[0]);
 }
 
 /* max, exp, sum, scale per element. */
 static double softmax_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  (void)nin; (void)a; (void)out;
   return 4.0 * (double)rm_tensor_numel(in[0]);
 }
 

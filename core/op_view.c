@@ -7,7 +7,6 @@
 /* ---- view: attrs shape/ndim (fully resolved) ---- */
 
 static int view_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   rm_meta m = { in[0]->dtype, in[0]->device, a->ndim, { 0 } };
   memcpy(m.shape, a->shape, sizeof m.shape);
   if (rm_meta_numel(&m) != rm_tensor_numel(in[0])) {
@@ -23,7 +22,6 @@ static int view_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs
 }
 
 static int view_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
-  (void)ctx; (void)in;
   out->ndim = a->ndim;
   memcpy(out->shape, a->shape, sizeof out->shape);
   rm_contiguous_strides(a->ndim, a->shape, out->stride);
@@ -40,13 +38,12 @@ const rm_op_def rm_opdef_view = {
   .infer = view_infer, .view = view_view, .backward = view_backward,
 };
 
-/* ---- transpose: i[0], i[1] dims (normalised) ---- */
+/* ---- transpose: dim0, dim1 ---- */
 
 static int transpose_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   int d0, d1;
-  if (rm_check_dim(ctx, "transpose", a->i[0], in[0]->ndim, &d0) ||
-      rm_check_dim(ctx, "transpose", a->i[1], in[0]->ndim, &d1))
+  if (rm_check_dim(ctx, "transpose", a->transpose.dim0, in[0]->ndim, &d0) ||
+      rm_check_dim(ctx, "transpose", a->transpose.dim1, in[0]->ndim, &d1))
     return ctx->err_code;
   rm_tensor_meta(in[0], &out[0]);
   if (in[0]->ndim) {
@@ -60,15 +57,15 @@ static int transpose_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_
 static int transpose_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
   int d0, d1;
   if (in->ndim == 0) return RM_OK;
-  rm_check_dim(ctx, "transpose", a->i[0], in->ndim, &d0);
-  rm_check_dim(ctx, "transpose", a->i[1], in->ndim, &d1);
+  rm_check_dim(ctx, "transpose", a->transpose.dim0, in->ndim, &d0);
+  rm_check_dim(ctx, "transpose", a->transpose.dim1, in->ndim, &d1);
   out->shape[d0] = in->shape[d1]; out->shape[d1] = in->shape[d0];
   out->stride[d0] = in->stride[d1]; out->stride[d1] = in->stride[d0];
   return RM_OK;
 }
 
 static int transpose_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
-  gin[0] = rm_transpose(ctx, g[0], n->attrs.i[0], n->attrs.i[1]);
+  gin[0] = rm_transpose(ctx, g[0], n->attrs.transpose.dim0, n->attrs.transpose.dim1);
   return gin[0] ? RM_OK : ctx->err_code;
 }
 
@@ -77,36 +74,37 @@ const rm_op_def rm_opdef_transpose = {
   .infer = transpose_infer, .view = transpose_view, .backward = transpose_backward,
 };
 
-/* ---- narrow: i[0] dim, i[1] start (0-based), i[2] length ---- */
+/* ---- narrow: dim, start (0-based), length ---- */
 
 static int narrow_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   int d;
   if (in[0]->ndim == 0) return rm_fail(ctx, RM_ERR_ARG, "narrow: cannot narrow a 0-d tensor");
-  if (rm_check_dim(ctx, "narrow", a->i[0], in[0]->ndim, &d)) return ctx->err_code;
-  int64_t size = in[0]->shape[d];
-  if (a->i[1] < 0 || a->i[2] < 0 || a->i[1] + a->i[2] > size)
+  if (rm_check_dim(ctx, "narrow", a->narrow.dim, in[0]->ndim, &d)) return ctx->err_code;
+  int64_t size = in[0]->shape[d], start = a->narrow.start, len = a->narrow.length;
+  if (start < 0 || len < 0 || start + len > size)
     return rm_fail(ctx, RM_ERR_ARG, "narrow: start %lld and length %lld are out of range for dimension %d of size %lld",
-                   (long long)a->i[1] + 1, (long long)a->i[2], d + 1, (long long)size);
+                   (long long)start + 1, (long long)len, d + 1, (long long)size);
   rm_tensor_meta(in[0], &out[0]);
-  out[0].shape[d] = a->i[2];
+  out[0].shape[d] = len;
   return RM_OK;
 }
 
 static int narrow_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
   int d;
-  rm_check_dim(ctx, "narrow", a->i[0], in->ndim, &d);
-  out->shape[d] = a->i[2];
-  out->offset = in->offset + a->i[1] * in->stride[d];
+  rm_check_dim(ctx, "narrow", a->narrow.dim, in->ndim, &d);
+  out->shape[d] = a->narrow.length;
+  out->offset = in->offset + a->narrow.start * in->stride[d];
   return RM_OK;
 }
 
 static int narrow_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
-  rm_attrs a = n->attrs;
   int d;
-  rm_check_dim(ctx, "narrow", a.i[0], n->in[0]->ndim, &d);
-  a.i[0] = d;
-  a.i[2] = n->in[0]->shape[d];
+  rm_check_dim(ctx, "narrow", n->attrs.narrow.dim, n->in[0]->ndim, &d);
+  rm_attrs a;
+  rm_attrs_init(&a);
+  a.narrow_backward.dim = d;
+  a.narrow_backward.start = n->attrs.narrow.start;
+  a.narrow_backward.size = n->in[0]->shape[d];
   gin[0] = rm_op1(ctx, RM_OP_NARROW_BACKWARD, 1, g, &a);
   return gin[0] ? RM_OK : ctx->err_code;
 }
@@ -119,7 +117,6 @@ const rm_op_def rm_opdef_narrow = {
 /* ---- expand: shape/ndim (sizes of 1 stretch, new leading dims allowed) ---- */
 
 static int expand_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   int off = a->ndim - in[0]->ndim;
   char s1[96], s2[96];
   if (off < 0)
@@ -137,7 +134,6 @@ static int expand_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
 }
 
 static int expand_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
-  (void)ctx;
   int off = a->ndim - in->ndim;
   out->ndim = a->ndim;
   for (int d = 0; d < a->ndim; d++) {
@@ -157,16 +153,15 @@ const rm_op_def rm_opdef_expand = {
   .infer = expand_infer, .view = expand_view, .backward = expand_backward,
 };
 
-/* ---- select: i[0] dim, i[1] index (0-based); drops the dimension ---- */
+/* ---- select: dim, index (0-based); drops the dimension ---- */
 
 static int select_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   int d;
   if (in[0]->ndim == 0) return rm_fail(ctx, RM_ERR_ARG, "select: cannot index a 0-d tensor");
-  if (rm_check_dim(ctx, "select", a->i[0], in[0]->ndim, &d)) return ctx->err_code;
-  if (a->i[1] < 0 || a->i[1] >= in[0]->shape[d])
+  if (rm_check_dim(ctx, "select", a->select.dim, in[0]->ndim, &d)) return ctx->err_code;
+  if (a->select.index < 0 || a->select.index >= in[0]->shape[d])
     return rm_fail(ctx, RM_ERR_ARG, "select: index %lld is out of range for dimension %d of size %lld",
-                   (long long)a->i[1] + 1, d + 1, (long long)in[0]->shape[d]);
+                   (long long)a->select.index + 1, d + 1, (long long)in[0]->shape[d]);
   rm_tensor_meta(in[0], &out[0]);
   for (int k = d; k < in[0]->ndim - 1; k++) out[0].shape[k] = out[0].shape[k + 1];
   out[0].ndim--;
@@ -175,8 +170,8 @@ static int select_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
 
 static int select_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
   int d;
-  rm_check_dim(ctx, "select", a->i[0], in->ndim, &d);
-  out->offset = in->offset + a->i[1] * in->stride[d];
+  rm_check_dim(ctx, "select", a->select.dim, in->ndim, &d);
+  out->offset = in->offset + a->select.index * in->stride[d];
   for (int k = d; k < in->ndim - 1; k++) {
     out->shape[k] = in->shape[k + 1];
     out->stride[k] = in->stride[k + 1];
@@ -188,7 +183,7 @@ static int select_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor 
 static int select_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   rm_tensor *x = n->in[0];
   int d;
-  rm_check_dim(ctx, "select", n->attrs.i[0], x->ndim, &d);
+  rm_check_dim(ctx, "select", n->attrs.select.dim, x->ndim, &d);
   int64_t shape[RM_MAX_DIM];
   memcpy(shape, x->shape, sizeof shape);
   shape[d] = 1;
@@ -196,9 +191,9 @@ static int select_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
   if (!g1) return ctx->err_code;
   rm_attrs a;
   rm_attrs_init(&a);
-  a.i[0] = d;
-  a.i[1] = n->attrs.i[1];
-  a.i[2] = x->shape[d];
+  a.narrow_backward.dim = d;
+  a.narrow_backward.start = n->attrs.select.index;
+  a.narrow_backward.size = x->shape[d];
   gin[0] = rm_op1(ctx, RM_OP_NARROW_BACKWARD, 1, &g1, &a);
   rm_tensor_drop(ctx, g1);
   return gin[0] ? RM_OK : ctx->err_code;
@@ -209,10 +204,9 @@ const rm_op_def rm_opdef_select = {
   .infer = select_infer, .view = select_view, .backward = select_backward,
 };
 
-/* ---- permute: shape/ndim holds the permutation (out dim k is input dim shape[k]) ---- */
+/* ---- permute: dims (in the shape slot) holds the permutation (out dim k is input dim shape[k]) ---- */
 
 static int permute_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   int nd = in[0]->ndim;
   if (a->ndim != nd)
     return rm_fail(ctx, RM_ERR_ARG, "permute: %d dimensions given for a %d-d tensor", a->ndim, nd);
@@ -230,7 +224,6 @@ static int permute_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_at
 }
 
 static int permute_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
-  (void)ctx;
   for (int k = 0; k < a->ndim; k++) {
     out->shape[k] = in->shape[a->shape[k]];
     out->stride[k] = in->stride[a->shape[k]];
@@ -250,7 +243,7 @@ const rm_op_def rm_opdef_permute = {
   .infer = permute_infer, .view = permute_view, .backward = permute_backward,
 };
 
-/* ---- squeeze: i[0] dim (RM_DIM_ALL: every size-1 dim); a dim of another size stays ---- */
+/* ---- squeeze: axis {dim} (RM_DIM_ALL: every size-1 dim); a dim of another size stays ---- */
 
 /* Which dims of t squeeze drops (keep[d] false). */
 static int squeeze_keep(rm_ctx *ctx, const rm_tensor *t, int64_t dim, bool *keep) {
@@ -264,9 +257,8 @@ static int squeeze_keep(rm_ctx *ctx, const rm_tensor *t, int64_t dim, bool *keep
 }
 
 static int squeeze_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   bool keep[RM_MAX_DIM];
-  if (squeeze_keep(ctx, in[0], a->i[0], keep)) return ctx->err_code;
+  if (squeeze_keep(ctx, in[0], a->axis.dim, keep)) return ctx->err_code;
   rm_tensor_meta(in[0], &out[0]);
   int k = 0;
   for (int d = 0; d < in[0]->ndim; d++)
@@ -277,7 +269,7 @@ static int squeeze_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_at
 
 static int squeeze_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
   bool keep[RM_MAX_DIM];
-  squeeze_keep(ctx, in, a->i[0], keep);
+  squeeze_keep(ctx, in, a->axis.dim, keep);
   int k = 0;
   for (int d = 0; d < in->ndim; d++)
     if (keep[d]) {
@@ -299,7 +291,7 @@ const rm_op_def rm_opdef_squeeze = {
   .infer = squeeze_infer, .view = squeeze_view, .backward = reshape_back,
 };
 
-/* ---- unsqueeze: i[0] the position of the new size-1 dim (0..ndim; negatives from the end) ---- */
+/* ---- unsqueeze: axis {dim}: the position of the new size-1 dim (0..ndim; negatives from the end) ---- */
 
 static int unsqueeze_pos(rm_ctx *ctx, const rm_tensor *t, int64_t dim, int *pos) {
   int64_t p = dim < 0 ? dim + t->ndim + 1 : dim;
@@ -313,9 +305,8 @@ static int unsqueeze_pos(rm_ctx *ctx, const rm_tensor *t, int64_t dim, int *pos)
 }
 
 static int unsqueeze_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
-  (void)nin;
   int p;
-  if (unsqueeze_pos(ctx, in[0], a->i[0], &p)) return ctx->err_code;
+  if (unsqueeze_pos(ctx, in[0], a->axis.dim, &p)) return ctx->err_code;
   rm_tensor_meta(in[0], &out[0]);
   for (int d = in[0]->ndim; d > p; d--) out[0].shape[d] = out[0].shape[d - 1];
   out[0].shape[p] = 1;
@@ -325,7 +316,7 @@ static int unsqueeze_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_
 
 static int unsqueeze_view(rm_ctx *ctx, rm_tensor *in, const rm_attrs *a, rm_tensor *out) {
   int p;
-  unsqueeze_pos(ctx, in, a->i[0], &p);
+  unsqueeze_pos(ctx, in, a->axis.dim, &p);
   for (int d = in->ndim; d > p; d--) {
     out->shape[d] = in->shape[d - 1];
     out->stride[d] = in->stride[d - 1];
@@ -358,14 +349,14 @@ rm_tensor *rm_permute(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *perm) 
 rm_tensor *rm_squeeze(rm_ctx *ctx, rm_tensor *a, int64_t dim) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = dim;
+  at.axis.dim = dim;
   return rm_op1(ctx, RM_OP_SQUEEZE, 1, &a, &at);
 }
 
 rm_tensor *rm_unsqueeze(rm_ctx *ctx, rm_tensor *a, int64_t dim) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = dim;
+  at.axis.dim = dim;
   return rm_op1(ctx, RM_OP_UNSQUEEZE, 1, &a, &at);
 }
 
@@ -416,17 +407,17 @@ rm_tensor *rm_reshape(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape)
 rm_tensor *rm_transpose(rm_ctx *ctx, rm_tensor *a, int64_t d0, int64_t d1) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = d0;
-  at.i[1] = d1;
+  at.transpose.dim0 = d0;
+  at.transpose.dim1 = d1;
   return rm_op1(ctx, RM_OP_TRANSPOSE, 1, &a, &at);
 }
 
 rm_tensor *rm_narrow(rm_ctx *ctx, rm_tensor *a, int64_t dim, int64_t start, int64_t len) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = dim;
-  at.i[1] = start;
-  at.i[2] = len;
+  at.narrow.dim = dim;
+  at.narrow.start = start;
+  at.narrow.length = len;
   return rm_op1(ctx, RM_OP_NARROW, 1, &a, &at);
 }
 
@@ -445,7 +436,7 @@ rm_tensor *rm_expand(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape) 
 rm_tensor *rm_select(rm_ctx *ctx, rm_tensor *a, int64_t dim, int64_t index) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.i[0] = dim;
-  at.i[1] = index;
+  at.select.dim = dim;
+  at.select.index = index;
   return rm_op1(ctx, RM_OP_SELECT, 1, &a, &at);
 }

@@ -15,7 +15,7 @@ rm_tensor *rm_add(rm_ctx *ctx, rm_tensor *a, rm_tensor *b);
 rm_tensor *rm_sub(rm_ctx *ctx, rm_tensor *a, rm_tensor *b);
 rm_tensor *rm_mul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b);
 rm_tensor *rm_div(rm_ctx *ctx, rm_tensor *a, rm_tensor *b);
-rm_tensor *rm_scalar_op(rm_ctx *ctx, rm_op_id op, rm_tensor *a, double s); /* f[0] = s */
+rm_tensor *rm_scalar_op(rm_ctx *ctx, rm_op_id op, rm_tensor *a, double s); /* scalar.value = s */
 rm_tensor *rm_unary(rm_ctx *ctx, rm_op_id op, rm_tensor *a);
 rm_tensor *rm_where(rm_ctx *ctx, rm_tensor *cond, rm_tensor *a, rm_tensor *b);
 rm_tensor *rm_copy(rm_ctx *ctx, rm_tensor *a);             /* always a new contiguous copy */

@@ -55,7 +55,6 @@ void rm_sim_free(rm_ctx *ctx, rm_sim *sim) {
 typedef struct stash { rm_tensor **grads; size_t n, cap; rm_ctx *ctx; bool oom; } stash;
 
 static int stash_grad(void *ud, const char *name, rm_tensor **slot, rm_module *owner) {
-  (void)name; (void)owner;
   stash *s = ud;
   if (s->n == s->cap) {
     size_t cap = s->cap ? 2 * s->cap : 32;
@@ -72,7 +71,6 @@ static int stash_grad(void *ud, const char *name, rm_tensor **slot, rm_module *o
 typedef struct restore { stash *s; size_t i; rm_ctx *ctx; } restore;
 
 static int restore_grad(void *ud, const char *name, rm_tensor **slot, rm_module *owner) {
-  (void)name; (void)owner;
   restore *r = ud;
   if (r->i >= r->s->n) return 1;
   if ((*slot)->grad) rm_tensor_drop(r->ctx, (*slot)->grad); /* a phantom */
@@ -81,7 +79,6 @@ static int restore_grad(void *ud, const char *name, rm_tensor **slot, rm_module 
 }
 
 static int param_bytes(void *ud, const char *name, rm_tensor **slot, rm_module *owner) {
-  (void)name; (void)owner;
   *(size_t *)ud += rm_tensor_nbytes(*slot);
   return 0;
 }

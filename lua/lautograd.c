@@ -92,7 +92,9 @@ static int l_set_rng_state(lua_State *L) {
   return 0;
 }
 
-/* C.op_list() -> { {name=, nin=, nout=, nvis=, differentiable=, internal=, view=, random=}, ... } */
+/* C.op_list() -> { {name=, id=, nin=, nout=, nvis=, differentiable=, internal=, view=, random=,
+ * attrs = { {name=, type=}, ... }}, ... }: attrs as core/ops.def declares them (type:
+ * "int", "bool", "real" or "shape"). */
 static int l_op_list(lua_State *L) {
   lua_newtable(L);
   for (int i = 0; i < RM_OP_COUNT; i++) {
@@ -100,6 +102,21 @@ static int l_op_list(lua_State *L) {
     lua_newtable(L);
     lua_pushstring(L, rm_op_name((rm_op_id)i));
     lua_setfield(L, -2, "name");
+    lua_pushinteger(L, i);
+    lua_setfield(L, -2, "id");
+    int na;
+    const rm_attr_field *f = rm_op_attrs((rm_op_id)i, &na);
+    static const char *const types[] = { "int", "bool", "real", "shape" };
+    lua_createtable(L, na, 0);
+    for (int k = 0; k < na; k++) {
+      lua_createtable(L, 0, 2);
+      lua_pushstring(L, f[k].name);
+      lua_setfield(L, -2, "name");
+      lua_pushstring(L, types[f[k].type]);
+      lua_setfield(L, -2, "type");
+      lua_rawseti(L, -2, k + 1);
+    }
+    lua_setfield(L, -2, "attrs");
     lua_pushboolean(L, d != NULL);
     lua_setfield(L, -2, "implemented");
     if (d) {

@@ -240,7 +240,7 @@ static int l_allreduce(lua_State *L) {
   if (!strcmp(ops, "mean") && ds->size > 1) {
     rm_attrs a;
     rm_attrs_init(&a);
-    a.f[0] = 1.0 / ds->size;
+    a.scalar.value = 1.0 / ds->size;
     if (rm_op_into(ctx, RM_OP_MUL_SCALAR, 1, &t, &a, 1, &t)) return rm_lua_fail(L, fn);
   }
   lua_settop(L, 1);
@@ -612,7 +612,7 @@ static int reducer_sync(reducer *r) {
   }
   rm_attrs a;
   rm_attrs_init(&a);
-  a.f[0] = 1.0 / ds->size;
+  a.scalar.value = 1.0 / ds->size;
   int rc = RM_OK;
   for (int i = 0; i < r->nslots && rc == RM_OK; i++) {
     slot *s = &r->slots[i];

@@ -413,7 +413,6 @@ static int l_children(lua_State *L) {
 }
 
 static int push_param_visit(void *ud, const char *name, rm_tensor **slot, rm_module *owner) {
-  (void)owner;
   lua_State *L = ud;
   lua_createtable(L, 2, 0);
   lua_pushstring(L, name);

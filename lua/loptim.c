@@ -1,6 +1,6 @@
 /* Optimizer support in the binding: running an op's kernel into existing tensors
- * (rm_op_into: the fused sgd_step / adamw_step updates, in-place gradient scaling)
- * and passing a double through an int64 attribute slot. remat.optim (Lua) builds the
+ * (rm_op_into: the fused sgd_step / adamw_step updates, in-place gradient scaling).
+ * remat.optim (Lua) builds the
  * optimizers on these. */
 #include <stdio.h>
 #include <string.h>
@@ -8,34 +8,6 @@
 #include "lnn.h"
 
 #define MAX_IO 16
-
-/* Reads attrs {i = {...}, f = {...}} at idx (nil: defaults). Raises errors naming fn. */
-static void read_slots(lua_State *L, int idx, rm_attrs *a, const char *fn) {
-  rm_attrs_init(a);
-  if (lua_isnoneornil(L, idx)) return;
-  if (!lua_istable(L, idx)) rm_lua_errorf(L, "%s: attrs must be a table, got %s", fn, luaL_typename(L, idx));
-  if (lua_getfield(L, idx, "i") == LUA_TTABLE)
-    for (int k = 0; k < 4; k++) {
-      if (lua_rawgeti(L, -1, k + 1) != LUA_TNIL) {
-        int ok;
-        lua_Integer v = lua_tointegerx(L, -1, &ok);
-        if (!ok) rm_lua_errorf(L, "%s: attrs.i[%d] must be an integer, got %s", fn, k + 1, luaL_typename(L, -1));
-        a->i[k] = v;
-      }
-      lua_pop(L, 1);
-    }
-  lua_pop(L, 1);
-  if (lua_getfield(L, idx, "f") == LUA_TTABLE)
-    for (int k = 0; k < 4; k++) {
-      if (lua_rawgeti(L, -1, k + 1) != LUA_TNIL) {
-        if (!lua_isnumber(L, -1))
-          rm_lua_errorf(L, "%s: attrs.f[%d] must be a number, got %s", fn, k + 1, luaL_typename(L, -1));
-        a->f[k] = lua_tonumber(L, -1);
-      }
-      lua_pop(L, 1);
-    }
-  lua_pop(L, 1);
-}
 
 /* Reads the list of tensors at idx into t[]; returns how many. `what` names the list. */
 static int read_list(lua_State *L, int idx, rm_tensor **t, const char *fn, const char *what) {
@@ -54,34 +26,22 @@ static int read_list(lua_State *L, int idx, rm_tensor **t, const char *fn, const
   return n;
 }
 
-/* C.op_into(name, attrs, {inputs...}, {outputs...}): runs op's kernel writing into the
+/* C.op_into(id, attrs, {inputs...}, {outputs...}): runs op's kernel writing into the
  * given output tensors (no allocation, no tape; outputs may alias inputs where the op
  * allows it). Returns nothing; raises the op's error, named, on failure. */
 static int l_op_into(lua_State *L) {
-  const char *name = luaL_checkstring(L, 1);
-  int op = rm_op_find(name);
-  if (op < 0) return rm_lua_errorf(L, "op_into: unknown op '%s'", name);
+  rm_op_id op = rm_lua_check_op(L, 1, "op_into");
   char fn[64];
-  snprintf(fn, sizeof fn, "remat.%s", name);
+  snprintf(fn, sizeof fn, "remat.%s", rm_op_name(op));
   rm_attrs a;
-  read_slots(L, 2, &a, fn);
+  rm_lua_read_attrs(L, 2, op, &a, fn);
   rm_tensor *in[MAX_IO], *out[MAX_IO];
   int nin = read_list(L, 3, in, fn, "inputs");
   int nout = read_list(L, 4, out, fn, "outputs");
   if (nout < 1) return rm_lua_errorf(L, "%s: op_into needs at least one output", fn);
   rm_ctx *ctx = rm_lua_ctx(L);
-  if (rm_op_into(ctx, (rm_op_id)op, nin, in, &a, nout, out) != RM_OK) return rm_lua_fail(L, fn);
+  if (rm_op_into(ctx, op, nin, in, &a, nout, out) != RM_OK) return rm_lua_fail(L, fn);
   return 0;
-}
-
-/* C.double_bits(x) -> the IEEE-754 bits of the double x as an integer, for ops that
- * take a double in an int64 attr slot (adamw_step's weight decay in i[2]). */
-static int l_double_bits(lua_State *L) {
-  double x = luaL_checknumber(L, 1);
-  int64_t bits;
-  memcpy(&bits, &x, sizeof bits);
-  lua_pushinteger(L, (lua_Integer)bits);
-  return 1;
 }
 
 /* C.tensor_id(t) -> a light userdata naming t's underlying tensor: two handles on the
@@ -163,7 +123,6 @@ static int l_fused_hook(lua_State *L) {
 static const luaL_Reg fns[] = {
   { "fused_hook", l_fused_hook },
   { "op_into", l_op_into },
-  { "double_bits", l_double_bits },
   { "tensor_id", l_tensor_id },
   { NULL, NULL },
 };

@@ -49,13 +49,11 @@ int rm_lua_errorf(lua_State *L, const char *fmt, ...) {
 int rm_lua_fail(lua_State *L, const char *fn) {
   rm_ctx *ctx = rm_lua_ctx(L);
   const char *msg = rm_errmsg(ctx);
-  size_t n = strlen(fn);
   /* avoid "remat.add: add: ..." when the core message already names the op */
   const char *dot = strrchr(fn, '.');
   const char *base = dot ? dot + 1 : fn;
   size_t bn = strlen(base);
   if (!strncmp(msg, base, bn) && msg[bn] == ':') msg += bn + 2;
-  (void)n;
   return rm_lua_errorf(L, "%s: %s", fn, msg[0] ? msg : "failed");
 }
 
@@ -171,7 +169,6 @@ static void *foreign_lua(Dl_info *who) {
  * script's remat.log lines go to stderr. A host passes its own context to rm_lua_open,
  * or replaces this one with rm_set_log(rm_lua_context(L), ...). */
 static void stderr_log(void *ud, int level, const char *msg) {
-  (void)ud;
   static const char *const names[] = { "info", "warn", "error" };
   fprintf(stderr, "[remat %s] %s\n", level >= 0 && level <= 2 ? names[level] : "log", msg);
 }

@@ -33,6 +33,12 @@ void rm_lua_push_tensor(lua_State *L, rm_tensor *t, const char *fn);
  * "grad: ..." when g's shape, dtype or device differ from t's. Returns 0. */
 int rm_lua_set_grad(lua_State *L, rm_tensor *t, rm_tensor *g);
 
+/* The op id at idx (an integer from C.ops); raises a clear error otherwise. */
+rm_op_id rm_lua_check_op(lua_State *L, int idx, const char *fn);
+/* Reads op's attributes from the table at idx (nil: none) by the names and types
+ * core/ops.def declares; raises "<fn>: ..." naming an unknown name or a wrong type. */
+void rm_lua_read_attrs(lua_State *L, int idx, rm_op_id op, rm_attrs *a, const char *fn);
+
 /* Registration of each binding file's functions into the C table at -1. */
 void rm_lua_open_tensor(lua_State *L);
 void rm_lua_open_nn(lua_State *L);

@@ -114,48 +114,99 @@ static int t_is_freed(lua_State *L) {
   return 1;
 }
 
-/* ---- attrs from Lua: { i = {...}, f = {...}, shape = {...}, seed =, offset = } ---- */
+/* ---- attrs from Lua, by the names and types ops.def declares ---- */
 
-static void read_attrs(lua_State *L, int idx, rm_attrs *a, const char *fn) {
+static void attr_names(lua_State *L, rm_op_id op, luaL_Buffer *b) {
+  int n;
+  const rm_attr_field *f = rm_op_attrs(op, &n);
+  if (n == 0) luaL_addstring(b, "no attributes");
+  for (int k = 0; k < n; k++) {
+    if (k) luaL_addstring(b, ", ");
+    luaL_addstring(b, f[k].name);
+  }
+}
+
+static void bad_attr_name(lua_State *L, rm_op_id op, const char *fn, const char *key) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  attr_names(L, op, &b);
+  luaL_pushresult(&b);
+  rm_lua_errorf(L, "%s: unknown attribute '%s' (%s takes %s)", fn, key, rm_op_name(op), lua_tostring(L, -1));
+}
+
+static void read_shape(lua_State *L, rm_attrs *a, const char *fn, const char *key) {
+  if (!lua_istable(L, -1))
+    rm_lua_errorf(L, "%s: attribute '%s' must be a list of integers, got %s", fn, key, luaL_typename(L, -1));
+  lua_Integer n = luaL_len(L, -1);
+  if (n > RM_MAX_DIM) rm_lua_errorf(L, "%s: at most %d dimensions (got %d)", fn, RM_MAX_DIM, (int)n);
+  a->ndim = (int)n;
+  for (int k = 0; k < n; k++) {
+    lua_rawgeti(L, -1, k + 1);
+    int ok;
+    lua_Integer v = lua_tointegerx(L, -1, &ok);
+    if (!ok || lua_type(L, -1) != LUA_TNUMBER)
+      rm_lua_errorf(L, "%s: size %d must be an integer, got %s", fn, k + 1, luaL_typename(L, -1));
+    a->shape[k] = v;
+    lua_pop(L, 1);
+  }
+}
+
+void rm_lua_read_attrs(lua_State *L, int idx, rm_op_id op, rm_attrs *a, const char *fn) {
   rm_attrs_init(a);
   if (lua_isnoneornil(L, idx)) return;
-  luaL_checktype(L, idx, LUA_TTABLE);
-  if (lua_getfield(L, idx, "i") == LUA_TTABLE)
-    for (int k = 0; k < 4; k++) {
-      lua_rawgeti(L, -1, k + 1);
-      if (!lua_isnil(L, -1)) {
-        int ok;
-        lua_Integer v = lua_tointegerx(L, -1, &ok);
-        if (!ok) rm_lua_errorf(L, "%s: expected an integer, got %s", fn, luaL_typename(L, -1));
-        a->i[k] = v;
-      }
-      lua_pop(L, 1);
+  if (!lua_istable(L, idx)) rm_lua_errorf(L, "%s: attributes must be a table, got %s", fn, luaL_typename(L, idx));
+  idx = lua_absindex(L, idx);
+  int n;
+  const rm_attr_field *f = rm_op_attrs(op, &n);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    if (lua_type(L, -2) != LUA_TSTRING)
+      rm_lua_errorf(L, "%s: attribute names are strings, got %s", fn, luaL_typename(L, -2));
+    const char *key = lua_tostring(L, -2);
+    int k = 0;
+    while (k < n && strcmp(f[k].name, key)) k++;
+    if (k == n) bad_attr_name(L, op, fn, key);
+    char *p = (char *)a + f[k].offset;
+    int t = lua_type(L, -1), ok = 1;
+    switch (f[k].type) {
+    case RM_ATTR_INT: {
+      int64_t v = (int64_t)lua_tointegerx(L, -1, &ok);
+      ok = ok && t == LUA_TNUMBER;
+      if (ok) memcpy(p, &v, sizeof v);
+      break;
     }
-  lua_pop(L, 1);
-  if (lua_getfield(L, idx, "f") == LUA_TTABLE)
-    for (int k = 0; k < 4; k++) {
-      lua_rawgeti(L, -1, k + 1);
-      if (!lua_isnil(L, -1)) {
-        if (!lua_isnumber(L, -1)) rm_lua_errorf(L, "%s: expected a number, got %s", fn, luaL_typename(L, -1));
-        a->f[k] = lua_tonumber(L, -1);
-      }
-      lua_pop(L, 1);
+    case RM_ATTR_BOOL:
+      ok = t == LUA_TBOOLEAN;
+      if (ok) *(bool *)p = lua_toboolean(L, -1);
+      break;
+    case RM_ATTR_REAL: {
+      double v = lua_tonumber(L, -1);
+      ok = t == LUA_TNUMBER;
+      if (ok) memcpy(p, &v, sizeof v);
+      break;
     }
-  lua_pop(L, 1);
-  if (lua_getfield(L, idx, "shape") == LUA_TTABLE) {
-    int n = (int)luaL_len(L, -1);
-    if (n > RM_MAX_DIM) rm_lua_errorf(L, "%s: at most %d dimensions (got %d)", fn, RM_MAX_DIM, n);
-    a->ndim = n;
-    for (int k = 0; k < n; k++) {
-      lua_rawgeti(L, -1, k + 1);
-      int ok;
-      lua_Integer v = lua_tointegerx(L, -1, &ok);
-      if (!ok) rm_lua_errorf(L, "%s: size %d must be an integer, got %s", fn, k + 1, luaL_typename(L, -1));
-      a->shape[k] = v;
-      lua_pop(L, 1);
+    case RM_ATTR_SHAPE:
+      read_shape(L, a, fn, key);
+      break;
     }
+    if (!ok)
+      rm_lua_errorf(L, "%s: attribute '%s' must be %s, got %s", fn, key, rm_attr_type_name(f[k].type),
+                    t == LUA_TNUMBER && f[k].type == RM_ATTR_INT ? "a non-integer number" : luaL_typename(L, -1));
+    lua_pop(L, 1);
   }
-  lua_pop(L, 1);
+}
+
+rm_op_id rm_lua_check_op(lua_State *L, int idx, const char *fn) {
+  int ok;
+  lua_Integer id = lua_tointegerx(L, idx, &ok);
+  if (!ok || lua_type(L, idx) != LUA_TNUMBER) {
+    if (lua_type(L, idx) == LUA_TSTRING)
+      rm_lua_errorf(L, "%s: expected an op id (C.ops.%s), got a name", fn, lua_tostring(L, idx));
+    rm_lua_errorf(L, "%s: expected an op id (from C.ops), got %s", fn, luaL_typename(L, idx));
+  }
+  if (id < 0 || id >= RM_OP_COUNT || !rm_op_def_get((rm_op_id)id))
+    rm_lua_errorf(L, "%s: unknown op id %I", fn, id);
+  return (rm_op_id)id;
 }
 
 /* Input k (1-based) of an op at stack index idx: messages count inputs, not stack slots. */
@@ -169,25 +220,23 @@ static rm_tensor *check_input(lua_State *L, int idx, int k, const char *fn) {
   return b->t;
 }
 
-/* C.op(name, attrs, t1, ..., tn) -> outputs. Inputs may be nil only for variadic. */
+/* C.op(id, attrs, t1, ..., tn) -> outputs; id from C.ops. Inputs may be nil only for
+ * variadic ops. */
 static int l_op(lua_State *L) {
-  const char *name = luaL_checkstring(L, 1);
-  int op = rm_op_find(name);
-  if (op < 0) return rm_lua_errorf(L, "remat: unknown op '%s'", name);
-  const rm_op_def *def = rm_op_def_get((rm_op_id)op);
-  if (!def) return rm_lua_errorf(L, "remat.%s: not implemented", name);
+  rm_op_id op = rm_lua_check_op(L, 1, "remat.op");
+  const rm_op_def *def = rm_op_def_get(op);
   char fn[64];
-  snprintf(fn, sizeof fn, "remat.%s", name);
+  snprintf(fn, sizeof fn, "remat.%s", def->name);
   rm_attrs a;
-  read_attrs(L, 2, &a, fn);
+  rm_lua_read_attrs(L, 2, op, &a, fn);
   int nin = lua_gettop(L) - 2;
   if (nin > RM_MAX_INPUTS) return rm_lua_errorf(L, "%s: at most %d inputs (got %d)", fn, RM_MAX_INPUTS, nin);
   luaL_checkstack(L, 8, fn);
   rm_tensor *in[RM_MAX_INPUTS];
   for (int i = 0; i < nin; i++) in[i] = check_input(L, i + 3, i + 1, fn);
-  rm_tensor *out[8] = { 0 };
+  rm_tensor *out[RM_MAX_OUTPUTS] = { 0 };
   rm_ctx *ctx = rm_lua_ctx(L);
-  if (rm_op_run(ctx, (rm_op_id)op, nin, in, &a, out) != RM_OK) return rm_lua_fail(L, fn);
+  if (rm_op_run(ctx, op, nin, in, &a, out) != RM_OK) return rm_lua_fail(L, fn);
   for (int j = 0; j < def->nvis; j++) rm_lua_push_tensor(L, out[j], fn);
   return def->nvis;
 }
@@ -301,7 +350,7 @@ static rm_tensor *on_cpu(lua_State *L, rm_tensor *t, const char *fn) {
   if (narrow) {
     rm_attrs a;
     rm_attrs_init(&a);
-    a.i[0] = RM_F32;
+    a.cast.dtype = RM_F32;
     src = rm_op1(ctx, RM_OP_CAST, 1, &t, &a);
   } else {
     src = rm_contiguous(ctx, t);
@@ -824,4 +873,10 @@ void rm_lua_open_tensor(lua_State *L) {
   lua_setfield(L, -2, "dtypes");
   push_names(L, RM_DEVICE_COUNT, device_name_i);
   lua_setfield(L, -2, "devices");
+  lua_createtable(L, 0, RM_OP_COUNT);  /* C.ops: name -> id, for C.op and C.op_into */
+  for (int i = 0; i < RM_OP_COUNT; i++) {
+    lua_pushinteger(L, i);
+    lua_setfield(L, -2, rm_op_name((rm_op_id)i));
+  }
+  lua_setfield(L, -2, "ops");
 }

@@ -126,7 +126,6 @@ static double now(void) {
 
 /* Ctrl-C while a line runs: stop the Lua code at its next instruction, as lua.c does. */
 static void stop_hook(lua_State *L, lua_Debug *ar) {
-  (void)ar;
   lua_sethook(L, NULL, 0, 0);
   luaL_error(L, "interrupted");
 }
@@ -142,7 +141,6 @@ static char **matches;
 static int n_matches, next_match;
 
 static char *match_gen(const char *text, int state) {
-  (void)text;
   if (state == 0) next_match = 0;
   if (!matches || next_match >= n_matches) return NULL;
   return strdup(matches[next_match++]);
@@ -156,7 +154,6 @@ static void free_matches(void) {
 }
 
 static char **complete(const char *text, int start, int end) {
-  (void)start; (void)end;
   lua_State *L = repl_L;
   rl_attempted_completion_over = 1;   /* no file-name completion */
   rl_completion_append_character = '\0';

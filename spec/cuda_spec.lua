@@ -25,8 +25,8 @@ local ALL = math.mininteger -- RM_DIM_ALL
 -- Tolerances (relative, with an absolute floor of the same size near 0).
 local TOL = { float32 = 2e-4, float64 = 1e-9, bfloat16 = 4e-2 }
 
-local function op(name, attrs, ...) return C.op(name, attrs, ...) end
-local function cast(t, dt) return op("cast", { i = { DTYPE_ID[dt] } }, t) end
+local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
+local function cast(t, dt) return op("cast", { dtype = DTYPE_ID[dt] }, t) end
 
 -- Flat values of any tensor (CUDA and bfloat16 ones are read through float32 on CPU).
 local function values(t)
@@ -87,8 +87,8 @@ local function make_inputs(specs)
       base_shape[n - 1], base_shape[n] = shape[n], shape[n - 1]
       local v = s.vals or kit.values(base_shape, s.lo, s.hi)
       local b = C.from_table(v, base_shape, "float32")
-      cpu[i] = op("transpose", { i = { n - 2, n - 1 } }, b)
-      gpu[i] = op("transpose", { i = { n - 2, n - 1 } }, C.to_device(b, DEV))
+      cpu[i] = op("transpose", { dim0 = n - 2, dim1 = n - 1 }, b)
+      gpu[i] = op("transpose", { dim0 = n - 2, dim1 = n - 1 }, C.to_device(b, DEV))
     else
       local v = s.vals or kit.values(shape, s.lo, s.hi)
       cpu[i] = C.from_table(v, shape, "float32")
@@ -182,11 +182,11 @@ for _, nm in ipairs(UNARY) do
   case("transposed 5x4", nm, nil, { { shape = { 5, 4 }, lo = lo, hi = 3, t = true } }, { grad = true })
   case("NaN, inf, -inf", nm, nil, { { shape = { 3 }, vals = { 0 / 0, math.huge, -math.huge } } })
 end
-case("add_scalar", "add_scalar", { f = { 1.5 } }, { { shape = { 4, 3 } } }, { grad = true })
-case("mul_scalar", "mul_scalar", { f = { -0.25 } }, { { shape = { 4, 3 } } }, { grad = true })
-case("pow_scalar 2", "pow_scalar", { f = { 2 } }, { { shape = { 5, 2 } } }, { grad = true })
-case("pow_scalar 1.5", "pow_scalar", { f = { 1.5 } }, { { shape = { 5, 2 }, lo = 0.1, hi = 2 } }, { grad = true })
-case("rdiv_scalar", "rdiv_scalar", { f = { 3 } }, { { shape = { 5, 2 }, lo = 0.5, hi = 2 } }, { grad = true })
+case("add_scalar", "add_scalar", { value = 1.5 }, { { shape = { 4, 3 } } }, { grad = true })
+case("mul_scalar", "mul_scalar", { value = -0.25 }, { { shape = { 4, 3 } } }, { grad = true })
+case("pow_scalar 2", "pow_scalar", { value = 2 }, { { shape = { 5, 2 } } }, { grad = true })
+case("pow_scalar 1.5", "pow_scalar", { value = 1.5 }, { { shape = { 5, 2 }, lo = 0.1, hi = 2 } }, { grad = true })
+case("rdiv_scalar", "rdiv_scalar", { value = 3 }, { { shape = { 5, 2 }, lo = 0.5, hi = 2 } }, { grad = true })
 case("where", "where", nil, { { shape = { 3, 4 }, vals = { 1, 0, 1, 0, 0, 0, 1, 1, 0, 1, 0, 1 }, grad = false },
   { shape = { 3, 4 } }, { shape = { 4 } } }, { grad = true })
 case("gelu_backward", "gelu_backward", nil, { { shape = { 33 }, lo = -4, hi = 4 }, { shape = { 33 } } })
@@ -195,20 +195,20 @@ case("silu_backward", "silu_backward", nil, { { shape = { 33 }, lo = -4, hi = 4 
 -- reductions
 for _, nm in ipairs({ "sum", "mean", "max", "argmax" }) do
   local g = nm ~= "argmax"
-  case("dim 1 of 5x7", nm, { i = { 0, 0 } }, { { shape = { 5, 7 } } }, { grad = g })
-  case("dim 2 of 3x1x9, keepdim", nm, { i = { 1, 1 } }, { { shape = { 3, 1, 9 } } }, { grad = g })
-  case("last dim, transposed input", nm, { i = { -1, 0 } }, { { shape = { 6, 5 }, t = true } }, { grad = g })
-  case("every dim", nm, { i = { ALL, 0 } }, { { shape = { 4, 3, 5 } } }, { grad = g })
+  case("dim 1 of 5x7", nm, { dim = 0, keepdim = false }, { { shape = { 5, 7 } } }, { grad = g })
+  case("dim 2 of 3x1x9, keepdim", nm, { dim = 1, keepdim = true }, { { shape = { 3, 1, 9 } } }, { grad = g })
+  case("last dim, transposed input", nm, { dim = -1, keepdim = false }, { { shape = { 6, 5 }, t = true } }, { grad = g })
+  case("every dim", nm, { dim = ALL, keepdim = false }, { { shape = { 4, 3, 5 } } }, { grad = g })
 end
-case("max: NaN wins, first max", "max", { i = { 1, 0 } }, { { shape = { 2, 4 }, vals = { 1, 0 / 0, 5, 0 / 0, 2, 7, 7, 1 } } })
-case("sum of 3e5 (split path)", "sum", { i = { ALL, 0 } }, { { shape = { 300001 } } }, { grad = true })
-case("column sum of 4099x3 (split path)", "sum", { i = { 0, 0 } }, { { shape = { 4099, 3 } } }, { grad = true })
+case("max: NaN wins, first max", "max", { dim = 1, keepdim = false }, { { shape = { 2, 4 }, vals = { 1, 0 / 0, 5, 0 / 0, 2, 7, 7, 1 } } })
+case("sum of 3e5 (split path)", "sum", { dim = ALL, keepdim = false }, { { shape = { 300001 } } }, { grad = true })
+case("column sum of 4099x3 (split path)", "sum", { dim = 0, keepdim = false }, { { shape = { 4099, 3 } } }, { grad = true })
 case("sum_to 4x3x5 -> 3x1", "sum_to", { shape = { 3, 1 } }, { { shape = { 4, 3, 5 } } }, { grad = true })
 for _, nm in ipairs({ "softmax", "log_softmax" }) do
-  case("last dim of 6x37", nm, { i = { -1 } }, { { shape = { 6, 37 }, lo = -5, hi = 5 } }, { grad = true })
-  case("dim 1 of 4x5x3", nm, { i = { 0 } }, { { shape = { 4, 5, 3 } } }, { grad = true })
-  case("row of 2000", nm, { i = { -1 } }, { { shape = { 3, 2000 }, lo = -5, hi = 5 } }, { grad = true })
-  case("-inf entries", nm, { i = { -1 } }, { { shape = { 1, 3 }, vals = { -math.huge, 0, 1 } } })
+  case("last dim of 6x37", nm, { dim = -1 }, { { shape = { 6, 37 }, lo = -5, hi = 5 } }, { grad = true })
+  case("dim 1 of 4x5x3", nm, { dim = 0 }, { { shape = { 4, 5, 3 } } }, { grad = true })
+  case("row of 2000", nm, { dim = -1 }, { { shape = { 3, 2000 }, lo = -5, hi = 5 } }, { grad = true })
+  case("-inf entries", nm, { dim = -1 }, { { shape = { 1, 3 }, vals = { -math.huge, 0, 1 } } })
 end
 
 -- matrix products
@@ -221,20 +221,20 @@ case("x 2x3x10, w 7x10, b 7", "linear", nil, { { shape = { 2, 3, 10 } }, { shape
 case("no bias, transposed x", "linear", nil, { { shape = { 5, 4 }, t = true }, { shape = { 3, 4 } } }, { grad = true })
 
 -- normalisation
-case("layernorm 3x2x33 affine", "layernorm", { f = { 1e-5 } }, { { shape = { 3, 2, 33 } }, { shape = { 33 } }, { shape = { 33 } } }, { grad = true })
-case("layernorm no affine", "layernorm", { f = { 1e-5 } }, { { shape = { 4, 1000 } } }, { grad = true })
-case("rmsnorm affine", "rmsnorm", { f = { 1e-6 } }, { { shape = { 5, 19 } }, { shape = { 19 } } }, { grad = true })
-case("rmsnorm 300 rows (split column sums)", "rmsnorm", { f = { 1e-6 } }, { { shape = { 300, 8 } }, { shape = { 8 } } }, { grad = true })
+case("layernorm 3x2x33 affine", "layernorm", { eps = 1e-5 }, { { shape = { 3, 2, 33 } }, { shape = { 33 } }, { shape = { 33 } } }, { grad = true })
+case("layernorm no affine", "layernorm", { eps = 1e-5 }, { { shape = { 4, 1000 } } }, { grad = true })
+case("rmsnorm affine", "rmsnorm", { eps = 1e-6 }, { { shape = { 5, 19 } }, { shape = { 19 } } }, { grad = true })
+case("rmsnorm 300 rows (split column sums)", "rmsnorm", { eps = 1e-6 }, { { shape = { 300, 8 } }, { shape = { 8 } } }, { grad = true })
 
 -- indexing
-case("index_select dim 1", "index_select", { i = { 1 } }, { { shape = { 3, 5, 2 } }, { shape = { 4 }, vals = { 5, 1, 1, 3 }, grad = false, index = true } }, { grad = true })
-case("gather dim 2", "gather", { i = { 1 } }, { { shape = { 3, 4 } }, { shape = { 3, 2 }, vals = { 1, 4, 2, 2, 3, 1 }, grad = false, index = true } }, { grad = true })
-case("concat dim 2", "concat", { i = { 1 } }, { { shape = { 2, 3 } }, { shape = { 2, 1 } }, { shape = { 2, 4 }, t = true } }, { grad = true })
+case("index_select dim 1", "index_select", { dim = 1 }, { { shape = { 3, 5, 2 } }, { shape = { 4 }, vals = { 5, 1, 1, 3 }, grad = false, index = true } }, { grad = true })
+case("gather dim 2", "gather", { dim = 1 }, { { shape = { 3, 4 } }, { shape = { 3, 2 }, vals = { 1, 4, 2, 2, 3, 1 }, grad = false, index = true } }, { grad = true })
+case("concat dim 2", "concat", { dim = 1 }, { { shape = { 2, 3 } }, { shape = { 2, 1 } }, { shape = { 2, 4 }, t = true } }, { grad = true })
 case("embedding", "embedding", nil, { { shape = { 6, 5 } }, { shape = { 2, 3 }, vals = { 6, 1, 2, 2, 5, 3 }, grad = false, index = true } }, { grad = true })
-case("causal_mask", "causal_mask", { i = { 0 } }, { { shape = { 2, 5, 5 } } }, { grad = true })
-case("narrow (narrow_backward)", "narrow", { i = { 1, 1, 3 } }, { { shape = { 3, 6 } } }, { grad = true })
-case("index_add", "index_add", { i = { 0, 4 } }, { { shape = { 3, 2 } }, { shape = { 3 }, vals = { 4, 1, 4 }, grad = false, index = true } })
-case("scatter_add", "scatter_add", { i = { 1 }, shape = { 2, 5 } }, { { shape = { 2, 3 } }, { shape = { 2, 3 }, vals = { 1, 5, 1, 2, 2, 3 }, grad = false, index = true } })
+case("causal_mask", "causal_mask", { zeros = false }, { { shape = { 2, 5, 5 } } }, { grad = true })
+case("narrow (narrow_backward)", "narrow", { dim = 1, start = 1, length = 3 }, { { shape = { 3, 6 } } }, { grad = true })
+case("index_add", "index_add", { dim = 0, size = 4 }, { { shape = { 3, 2 } }, { shape = { 3 }, vals = { 4, 1, 4 }, grad = false, index = true } })
+case("scatter_add", "scatter_add", { dim = 1, shape = { 2, 5 } }, { { shape = { 2, 3 } }, { shape = { 2, 3 }, vals = { 1, 5, 1, 2, 2, 3 }, grad = false, index = true } })
 
 -- losses
 case("cross_entropy 9x13", "cross_entropy", nil, { { shape = { 9, 13 }, lo = -4, hi = 4 }, { shape = { 9 }, vals = labels(9, 13), grad = false, index = true } }, { grad = true })
@@ -242,19 +242,19 @@ case("cross_entropy wide rows", "cross_entropy", nil, { { shape = { 3, 5000 }, l
 case("mse", "mse", nil, { { shape = { 7, 3 } }, { shape = { 7, 3 } } }, { grad = true })
 
 -- attention: several key/query blocks (T > 64), Tq != Tk, causal and not, odd head dims
-case("causal, Tq 70 < Tk 100, hd 16", "attention", { i = { 1 }, f = { 0 } },
+case("causal, Tq 70 < Tk 100, hd 16", "attention", { causal = true, scale = 0 },
   { { shape = { 2, 3, 70, 16 } }, { shape = { 2, 3, 100, 16 } }, { shape = { 2, 3, 100, 16 } } }, { grad = true })
-case("not causal, Tq 90 > Tk 65, hd 7, scale 0.3", "attention", { i = { 0 }, f = { 0.3 } },
+case("not causal, Tq 90 > Tk 65, hd 7, scale 0.3", "attention", { causal = false, scale = 0.3 },
   { { shape = { 3, 90, 7 } }, { shape = { 3, 65, 7 } }, { shape = { 3, 65, 7 } } }, { grad = true })
-case("causal 129 x 129, transposed k", "attention", { i = { 1 }, f = { 0 } },
+case("causal 129 x 129, transposed k", "attention", { causal = true, scale = 0 },
   { { shape = { 2, 129, 8 } }, { shape = { 2, 129, 8 }, t = true }, { shape = { 2, 129, 8 } } }, { grad = true })
 
 -- optimizer steps (outputs are new tensors here: rm_op_run allocates them)
 local function wd_bits(wd) return (string.unpack("<i8", string.pack("<d", wd))) end
-case("sgd_step momentum nesterov", "sgd_step", { f = { 0.1, 0.9, 0.01, 0 }, i = { 1, 0 } }, { { shape = { 4, 5 } }, { shape = { 4, 5 } }, { shape = { 4, 5 } } })
-case("sgd_step plain", "sgd_step", { f = { 0.1, 0, 0, 0 }, i = { 0, 1 } }, { { shape = { 7 } }, { shape = { 7 } }, { shape = { 7 } } })
-case("sgd_step momentum, dampening", "sgd_step", { f = { 0.05, 0.8, 0, 0.1 }, i = { 0, 0 } }, { { shape = { 3, 3 } }, { shape = { 3, 3 } }, { shape = { 3, 3 } } })
-case("adamw_step t=3", "adamw_step", { f = { 1e-3, 0.9, 0.999, 1e-8 }, i = { 3, 1, wd_bits(0.01) } },
+case("sgd_step momentum nesterov", "sgd_step", { lr = 0.1, momentum = 0.9, weight_decay = 0.01, dampening = 0, nesterov = true, first = false }, { { shape = { 4, 5 } }, { shape = { 4, 5 } }, { shape = { 4, 5 } } })
+case("sgd_step plain", "sgd_step", { lr = 0.1, momentum = 0, weight_decay = 0, dampening = 0, nesterov = false, first = true }, { { shape = { 7 } }, { shape = { 7 } }, { shape = { 7 } } })
+case("sgd_step momentum, dampening", "sgd_step", { lr = 0.05, momentum = 0.8, weight_decay = 0, dampening = 0.1, nesterov = false, first = false }, { { shape = { 3, 3 } }, { shape = { 3, 3 } }, { shape = { 3, 3 } } })
+case("adamw_step t=3", "adamw_step", { lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, step = 3, decoupled = true, weight_decay = wd_bits(0.01) },
   { { shape = { 6, 4 } }, { shape = { 6, 4 } }, { shape = { 6, 4 } }, { shape = { 6, 4 }, lo = 0, hi = 1 } })
 
 -- ops that take bfloat16 on CUDA (elementwise, matmul, norms)
@@ -290,7 +290,7 @@ describe("cuda vs cpu: every op #gpu", function()
   it("a bad index or label is an error at the next synchronisation, and the context stays usable", function()
     local x = C.to_device(C.from_table({ 1, 2, 3 }, { 3 }, "float32"), DEV)
     local idx = C.to_device(C.from_table({ 1, 4 }, { 2 }, "float32"), DEV)
-    local y = op("index_select", { i = { 0 } }, x, idx) -- queued: nothing waits here
+    local y = op("index_select", { dim = 0 }, x, idx) -- queued: nothing waits here
     local ok, err = pcall(values, y)
     assert(not ok and tostring(err):find("index_select: index 4 is out of range 1..3 (dimension 1, position 2",
       1, true), tostring(err))
@@ -302,7 +302,7 @@ describe("cuda vs cpu: every op #gpu", function()
     -- the first of several bad checks is the one reported
     local i2 = C.to_device(C.from_table({ 0 }, { 1 }, "float32"), DEV)
     op("embedding", nil, C.to_device(C.from_table({ 1, 2, 3, 4 }, { 2, 2 }, "float32"), DEV), i2)
-    op("gather", { i = { 0 } }, x, C.to_device(C.from_table({ 9 }, { 1 }, "float32"), DEV))
+    op("gather", { dim = 0 }, x, C.to_device(C.from_table({ 9 }, { 1 }, "float32"), DEV))
     ok, err = pcall(remat.cuda.synchronize)
     assert(not ok and tostring(err):find("embedding: index 0 is out of range 1..2 (position 1", 1, true), tostring(err))
     remat.cuda.synchronize()
@@ -310,7 +310,7 @@ describe("cuda vs cpu: every op #gpu", function()
 
   it("attention with B*H > 65535 leading rows (grid limits)", function()
     kit.seed(11)
-    compare("attention", { i = { 1 }, f = { 0 } },
+    compare("attention", { causal = true, scale = 0 },
       { { shape = { 65600, 2, 2 } }, { shape = { 65600, 3, 2 } }, { shape = { 65600, 3, 2 } } }, { tol = 1e-4 })
   end)
 
@@ -321,11 +321,11 @@ describe("cuda vs cpu: every op #gpu", function()
     for _, dt in ipairs({ "float32", "float64", "bfloat16" }) do
       local g = cast(C.to_device(base, DEV), dt)
       local c = dt == "bfloat16" and C.to_device(cast(g, "float32"), "cpu") or C.to_device(g, "cpu")
-      local function qkv(t, i) return op("transpose", { i = { 1, 2 } }, op("select", { i = { 2, i } }, t)) end
+      local function qkv(t, i) return op("transpose", { dim0 = 1, dim1 = 2 }, op("select", { dim = 2, index = i }, t)) end
       C.requires_grad(g, dt ~= "bfloat16")
       C.requires_grad(c, dt ~= "bfloat16")
-      local yg = op("attention", { i = { 1 }, f = { 0 } }, qkv(g, 0), qkv(g, 1), qkv(g, 2))
-      local yc = op("attention", { i = { 1 }, f = { 0 } }, qkv(c, 0), qkv(c, 1), qkv(c, 2))
+      local yg = op("attention", { causal = true, scale = 0 }, qkv(g, 0), qkv(g, 1), qkv(g, 2))
+      local yc = op("attention", { causal = true, scale = 0 }, qkv(c, 0), qkv(c, 1), qkv(c, 2))
       close(yg, yc, TOL[dt], "packed attention (" .. dt .. ")")
       if dt ~= "bfloat16" then
         local w = C.from_table(kit.values(shape_of(yc)), shape_of(yc), dt)
@@ -340,7 +340,7 @@ describe("cuda vs cpu: every op #gpu", function()
     -- bf16-exact values around 1000 (spacing 4): mean 1002 is not a bfloat16
     local v = { 996, 1000, 1004, 1008 }
     local x = cast(C.to_device(C.from_table(v, { 1, 4 }, "float32"), DEV), "bfloat16")
-    local y = values(op("layernorm", { f = { 0 } }, x))
+    local y = values(op("layernorm", { eps = 0 }, x))
     local sd = math.sqrt(20) -- population std of the row (deviations -6, -2, 2, 6)
     for i = 1, 4 do
       local want = (v[i] - 1002) / sd
@@ -351,8 +351,8 @@ describe("cuda vs cpu: every op #gpu", function()
     C.requires_grad(x, true)
     C.requires_grad(xc, true)
     local w = { 0.5, -1, 2, 0.25 }
-    C.backward(op("layernorm", { f = { 1e-5 } }, x), cast(C.to_device(C.from_table(w, { 1, 4 }, "float32"), DEV), "bfloat16"))
-    C.backward(op("layernorm", { f = { 1e-5 } }, xc), C.from_table(w, { 1, 4 }, "float32"))
+    C.backward(op("layernorm", { eps = 1e-5 }, x), cast(C.to_device(C.from_table(w, { 1, 4 }, "float32"), DEV), "bfloat16"))
+    C.backward(op("layernorm", { eps = 1e-5 }, xc), C.from_table(w, { 1, 4 }, "float32"))
     close(C.grad(x), C.grad(xc), 4e-2, "bf16 layernorm grad")
   end)
 
@@ -361,11 +361,11 @@ describe("cuda vs cpu: every op #gpu", function()
     for i = 1, 600 do v[i] = 0 end
     v[301] = 5
     local x = cast(C.to_device(C.from_table(v, { 1, 600 }, "float32"), DEV), "bfloat16")
-    local i = op("argmax", { i = { 1, 0 } }, x)
+    local i = op("argmax", { dim = 1, keepdim = false }, x)
     local _, dt = C.info(i)
     assert.equal("float32", dt)
     assert.equal(301, values(i)[1])
-    local _, mi = op("max", { i = { 1, 0 } }, x)
+    local _, mi = op("max", { dim = 1, keepdim = false }, x)
     assert.equal("float32", select(2, C.info(mi)))
     assert.equal(301, values(mi)[1])
   end)
@@ -384,14 +384,14 @@ describe("cuda vs cpu: every op #gpu", function()
     for i = 1, n do ones[i] = 1; at1[i] = 1 end
     local src = cast(C.to_device(C.from_table(ones, { n, 1 }, "float32"), DEV), "bfloat16")
     local idx = C.to_device(C.from_table(at1, { n }, "float32"), DEV)
-    assert.equal(n, values(op("index_add", { i = { 0, 3 } }, src, idx))[1])
+    assert.equal(n, values(op("index_add", { dim = 0, size = 3 }, src, idx))[1])
     local src2 = cast(C.to_device(C.from_table(ones, { 1, n }, "float32"), DEV), "bfloat16")
     local idx2 = C.to_device(C.from_table(at1, { 1, n }, "float32"), DEV)
-    assert.equal(n, values(op("scatter_add", { i = { 1 }, shape = { 1, 2 } }, src2, idx2))[1])
+    assert.equal(n, values(op("scatter_add", { dim = 1, shape = { 1, 2 } }, src2, idx2))[1])
     local w = cast(C.to_device(C.from_table({ 0, 0, 0, 0 }, { 2, 2 }, "float32"), DEV), "bfloat16")
     C.requires_grad(w, true)
     local e = op("embedding", nil, w, C.to_device(C.from_table(at1, { n }, "float32"), DEV))
-    C.backward(op("sum", { i = { ALL, 0 } }, e))
+    C.backward(op("sum", { dim = ALL, keepdim = false }, e))
     assert.same({ n, n, 0, 0 }, values(C.grad(w)))
   end)
 
@@ -399,7 +399,7 @@ describe("cuda vs cpu: every op #gpu", function()
     kit.seed(13)
     local idx = {}
     for i = 1, 300 do idx[i] = (i * 37) % 23 + 1 end
-    compare("index_add", { i = { 1, 23 } }, { { shape = { 2, 300, 5 } }, { shape = { 300 }, vals = idx, grad = false, index = true } })
+    compare("index_add", { dim = 1, size = 23 }, { { shape = { 2, 300, 5 } }, { shape = { 300 }, vals = idx, grad = false, index = true } })
   end)
 
   it("a bfloat16 parameter trains through a float32 master: updates below half an ulp accumulate", function()
@@ -438,14 +438,14 @@ describe("cuda vs cpu: every op #gpu", function()
       local C = require("remat")._C
       local x = C.to_device(C.from_table({1, 2, 3}, {3}, "float32"), "cuda")
       local i = C.to_device(C.from_table({7}, {1}, "float32"), "cuda")
-      local ok, err = pcall(C.op, "index_select", {i = {0}}, x, i)
+      local ok, err = pcall(C.op, C.ops.index_select, { dim = 0 }, x, i)
       print(ok and "no error at the op" or err)]])
     assert(out:find("index_select: index 7 is out of range 1..3", 1, true), out)
     out = run("REMAT_CUDA_PROFILE=1", [[
       local remat = require("remat")
       local C = remat._C
       local a = C.to_device(C.from_table({1, 2, 3, 4}, {2, 2}, "float32"), "cuda")
-      for _ = 1, 3 do C.op("matmul", nil, a, a) end
+      for _ = 1, 3 do C.op(C.ops.matmul, nil, a, a) end
       for _, r in ipairs(remat.cuda.profile()) do print("PROF", r.name, r.calls, r.ms) end]])
     assert(out:find("PROF%s+matmul%s+3%s"), out)
     assert.is_nil(remat.cuda.profile()) -- off in this process
@@ -458,7 +458,7 @@ describe("cuda vs cpu: every op #gpu", function()
   end)
 
   it("fill on cuda", function()
-    local t = op("fill", { f = { 2.5 }, i = { F32, DEV_ID }, shape = { 3, 1, 4 } })
+    local t = op("fill", { value = 2.5, dtype = F32, device = DEV_ID, shape = { 3, 1, 4 } })
     local _, _, dev = C.info(t)
     assert.equal(DEV, dev)
     for _, x in ipairs(values(t)) do assert.equal(2.5, x) end
@@ -468,7 +468,7 @@ end)
 describe("cuda random: same bits as the cpu #gpu", function()
   local function draw(name, dev, seed, shape)
     C.manual_seed(seed)
-    return op(name, { i = { F32, dev }, shape = shape })
+    return op(name, { dtype = F32, device = dev, shape = shape })
   end
 
   it("rand is bit-identical (odd size)", function()
@@ -486,9 +486,9 @@ describe("cuda random: same bits as the cpu #gpu", function()
     C.requires_grad(xc, true)
     C.requires_grad(xg, true)
     C.manual_seed(2024)
-    local yc = op("dropout", { f = { 0.3 } }, xc)
+    local yc = op("dropout", { p = 0.3 }, xc)
     C.manual_seed(2024)
-    local yg = op("dropout", { f = { 0.3 } }, xg)
+    local yg = op("dropout", { p = 0.3 }, xg)
     bitwise(yg, yc, "dropout")
     local w = C.from_table(kit.values({ 5, 129 }), { 5, 129 }, "float32")
     C.backward(yc, w)
@@ -516,7 +516,7 @@ describe("cuda training pieces #gpu", function()
         if k:sub(1, 1) == "w" or k:sub(1, 1) == "b" then C.requires_grad(p[k], true) end
       end
       local h = op("gelu", nil, op("linear", nil, p.x, p.w1, p.b1))
-      local h2 = op("layernorm", { f = { 1e-5 } }, h)
+      local h2 = op("layernorm", { eps = 1e-5 }, h)
       local loss = op("cross_entropy", nil, op("linear", nil, h2, p.w2, p.b2), p.y)
       C.backward(loss)
       return loss, p
@@ -556,7 +556,7 @@ describe("cuda training pieces #gpu", function()
 
   it("memory on cuda is accounted and the cache can be emptied", function()
     local before = C.memory_stats(DEV)
-    local t = op("fill", { f = { 1 }, i = { F32, DEV_ID }, shape = { 1024, 1024 } })
+    local t = op("fill", { value = 1, dtype = F32, device = DEV_ID, shape = { 1024, 1024 } })
     local mid = C.memory_stats(DEV)
     assert(mid.live >= before.live + 4 * 1024 * 1024, "live bytes did not grow")
     C.free(t)

@@ -253,7 +253,7 @@ describe("batches and shuffling", function()
     assert.same({ 7, 8, 9 }, C.flat(C.take_rows(x, { 9, 3, 9 }, 2, 1)))
     local _, dt = C.info(C.take_rows(x, { 1 }))
     assert.equal("float64", dt)
-    local xt = C.op("transpose", { i = { 0, 1 } }, x) -- 3x4
+    local xt = C.op(C.ops.transpose, { dim0 = 0, dim1 = 1 }, x) -- 3x4
     assert.same({ 3, 6, 9, 12, 1, 4, 7, 10 }, C.flat(C.take_rows(xt, { 3, 1 })))
     assert.same({ 0, 3 }, shape(C.take_rows(x, {}, 1, 0)))
     expect_error(function() C.take_rows(x, { 5 }) end, "row 5 is out of range", "4x3")

@@ -124,7 +124,7 @@ end
 -- (nil when exact by rule) and an explanation. Returns the largest error and where.
 local function sweep(op, check)
   local t, xs = inputs()
-  local got = C.flat(C.op(op, nil, t))
+  local got = C.flat(C.op(C.ops[op], nil, t))
   local worst, at = 0, nil
   for i, x in ipairs(xs) do
     local err = check(x, got[i])
@@ -160,14 +160,14 @@ describe("float32 fast math (kernels/cpu/fastmath.h)", function()
   it("exp: <= 1.1 ulp over the whole range, inf above 88.72, 0 below -103.97, subnormals", function()
     check_ulps("exp", math.exp, 1.1)
     -- 88.7228317 is the last float whose exp is finite (ln FLT_MAX = 88.72283911)
-    local g = C.flat(C.op("exp", nil, C.from_table({ 88.72283172607422, 88.72283935546875, -104, -inf, inf, -0.0 }, { 6 }, "float32")))
+    local g = C.flat(C.op(C.ops.exp, nil, C.from_table({ 88.72283172607422, 88.72283935546875, -104, -inf, inf, -0.0 }, { 6 }, "float32")))
     assert(g[1] < inf and g[2] == inf and g[3] == 0 and g[4] == 0 and g[5] == inf and g[6] == 1,
            "exp limits: " .. table.concat(g, ", "))
   end)
 
   it("tanh: <= 2.5 ulp, exactly +-1 far out, tanh(+-0) = +-0, odd", function()
     check_ulps("tanh", tanh, 2.5)
-    local g = C.flat(C.op("tanh", nil, C.from_table({ 20, -20, inf, -inf, -0.0, 1e-30 }, { 6 }, "float32")))
+    local g = C.flat(C.op(C.ops.tanh, nil, C.from_table({ 20, -20, inf, -inf, -0.0, 1e-30 }, { 6 }, "float32")))
     assert(g[1] == 1 and g[2] == -1 and g[3] == 1 and g[4] == -1, "tanh limits")
     assert(1 / g[5] == -inf, "tanh(-0) is -0")
     assert(math.abs(g[6] - 1e-30) <= 1e-30 * 2 ^ -23, "tanh(1e-30) = 1e-30")
@@ -186,7 +186,7 @@ describe("float32 fast math (kernels/cpu/fastmath.h)", function()
   it("gelu: <= 9 ulp everywhere (relative 6e-7), the left tail included", function()
     local worst = check_ulps("gelu", gelu, 9)
     -- the tail keeps relative accuracy: x Phi(x) at -10 is 7.6e-23
-    local g = C.flat(C.op("gelu", nil, C.from_table({ -10, -13 }, { 2 }, "float32")))
+    local g = C.flat(C.op(C.ops.gelu, nil, C.from_table({ -10, -13 }, { 2 }, "float32")))
     local xs = C.flat(C.from_table({ -10, -13 }, { 2 }, "float32"))
     for i = 1, 2 do
       local r = gelu(xs[i])
@@ -202,7 +202,7 @@ describe("float32 fast math (kernels/cpu/fastmath.h)", function()
     local one = {}
     for i = 1, #xs do one[i] = 1 end
     local ones = C.from_table(one, { #xs }, "float32")
-    local got = C.flat(C.op(op, nil, t, ones))
+    local got = C.flat(C.op(C.ops[op], nil, t, ones))
     local worst, at = 0, nil
     for i, x in ipairs(xs) do
       local r, scale = f(x)
@@ -242,8 +242,8 @@ describe("float32 fast math (kernels/cpu/fastmath.h)", function()
     v[3] = -inf
     local t = C.from_table(v, { rows, n }, "float32")
     local xs = C.flat(t)
-    local sm = C.flat(C.op("softmax", { i = { 1 } }, t))
-    local ls = C.flat(C.op("log_softmax", { i = { 1 } }, t))
+    local sm = C.flat(C.op(C.ops.softmax, { dim = 1 }, t))
+    local ls = C.flat(C.op(C.ops.log_softmax, { dim = 1 }, t))
     for r = 0, rows - 1 do
       local m, s = -inf, 0
       for k = 1, n do m = math.max(m, xs[r * n + k]) end

@@ -111,8 +111,8 @@ describe("safetensors round trip", function()
 
   it("saves a non-contiguous view as its logical values", function()
     local base = C.from_table({ 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 }, { 3, 4 }, "float32")
-    local tr = C.op("transpose", { i = { 0, 1 } }, base)                    -- 4x3
-    local nar = C.op("narrow", { i = { 1, 1, 2 } }, base)                   -- 3x2, columns 2..3
+    local tr = C.op(C.ops.transpose, { dim0 = 0, dim1 = 1 }, base)                    -- 4x3
+    local nar = C.op(C.ops.narrow, { dim = 1, start = 1, length = 2 }, base)                   -- 3x2, columns 2..3
     local path = dir .. "/v.safetensors"
     C.save(path, { tr = tr, nar = nar })
     local t = C.load(path)
@@ -457,7 +457,7 @@ print('ok')
   it("saves CUDA tensors (strided too) as their values #gpu", function()
     if not C.device_available("cuda") then pending("no CUDA device") return end
     local base = C.to_device(C.from_table({ 1, 2, 3, 4, 5, 6 }, { 2, 3 }, "float32"), "cuda")
-    local tr = C.op("transpose", { i = { 0, 1 } }, base)
+    local tr = C.op(C.ops.transpose, { dim0 = 0, dim1 = 1 }, base)
     local path = dir .. "/gpu.safetensors"
     C.save(path, { base = base, tr = tr })
     local t = C.load(path)

@@ -44,8 +44,8 @@ static void geometry(rm_tensor *const *in, const rm_attrs *a, att_geo *g) {
   g->bh = 1;
   for (int d = 0; d < n - 2; d++) g->bh *= q->shape[d];
   g->off = g->Tk - g->Tq;
-  g->causal = a->i[0] != 0;
-  g->scale = a->f[0] != 0 ? a->f[0] : 1.0 / sqrt((double)(g->hd > 0 ? g->hd : 1));
+  g->causal = a->attention.causal;
+  g->scale = a->attention.scale != 0 ? a->attention.scale : 1.0 / sqrt((double)(g->hd > 0 ? g->hd : 1));
   int64_t bq = SCORE_BUDGET / (g->Tk > 1 ? g->Tk : 1) / 8 * 8;
   g->bq = bq < 8 ? 8 : bq > 256 ? 256 : bq;
 }
@@ -324,7 +324,6 @@ static int job_init(rm_ctx *ctx, att_job *J, rm_tensor *const *c, const rm_attrs
 }
 
 RM_CPU_KERNEL(attention) {
-  (void)nout;
   rm_tensor *c[3], *w = NULL;
   if (nin != 3 || readable_inputs(ctx, 3, in, 7, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;
   att_geo g;
@@ -346,7 +345,6 @@ RM_CPU_KERNEL(attention) {
 }
 
 RM_CPU_KERNEL(attention_backward) {
-  (void)nout;
   rm_tensor *c[6], *w = NULL;
   /* q, k, v and gy read in place; y and lse contiguous */
   if (nin != 6 || readable_inputs(ctx, 6, in, 1 | 2 | 4 | 32, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;

@@ -32,17 +32,16 @@
 #define DECL_sort DECL_ANY
 #define DECL_conv DECL_ANY
 
-#define X(ID, name, family) DECL_##family(ID, name)
+#define X(ID, name, family, set) DECL_##family(ID, name)
 #include "../../core/ops.def"
 #undef X
 
 static int cpu_copy(rm_ctx *ctx, void *dst, const void *src, size_t n) {
-  (void)ctx;
   memcpy(dst, src, n);
   return RM_OK;
 }
 
-static int cpu_sync(rm_ctx *ctx) { (void)ctx; return RM_OK; }
+static int cpu_sync(rm_ctx *ctx) { return RM_OK; }
 
 const rm_backend rm_cpu_backend = {
   .name = "cpu",
@@ -60,7 +59,7 @@ const rm_backend rm_cpu_backend = {
   .supports_dtype = { [RM_F32] = true, [RM_F64] = true },
   .flops_per_byte = 8.0, /* ~200 GFLOP/s of GEMM over ~25 GB/s of streaming, 2 cores */
   .kernel = {
-#define X(ID, name, family) KERNEL_##family(ID, name)
+#define X(ID, name, family, set) KERNEL_##family(ID, name)
 #include "../../core/ops.def"
 #undef X
   },

@@ -7,7 +7,8 @@
 typedef struct { int64_t kh, kw, sh, sw, ph, pw, dh, dw; } geo;
 
 static geo geo_of(const rm_attrs *a) {
-  return (geo){ a->shape[0], a->shape[1], a->shape[2], a->shape[3], a->shape[4], a->shape[5], a->shape[6], a->shape[7] };
+  return (geo){ a->window.kh, a->window.kw, a->window.stride_h, a->window.stride_w,
+                a->window.pad_h, a->window.pad_w, a->window.dilation_h, a->window.dilation_w };
 }
 
 /* x (B, C, H, W) -> cols (B, C*kh*kw, Ho*Wo); one (b, c) plane per iteration. */
@@ -15,7 +16,7 @@ static geo geo_of(const rm_attrs *a) {
   do {                                                                                  \
     const T *x = rm_tensor_ptr(in[0]);                                                  \
     T *o = rm_tensor_ptr(out[0]);                                                       \
-    const T pad = (T)a->f[0];                                                           \
+    const T pad = (T)a->window.pad_value;                                               \
     const int64_t planes = B * C;                                                       \
     _Pragma("omp parallel for if (planes * K * L > RM_CPU_PAR_MIN)")                    \
     for (int64_t p = 0; p < planes; p++) {                                              \
@@ -37,7 +38,6 @@ static geo geo_of(const rm_attrs *a) {
   } while (0)
 
 RM_CPU_KERNEL(unfold) {
-  (void)nin; (void)nout;
   geo g = geo_of(a);
   const int64_t B = in[0]->shape[0], C = in[0]->shape[1], H = in[0]->shape[2], W = in[0]->shape[3];
   const int64_t K = g.kh * g.kw, L = out[0]->shape[2];
@@ -81,7 +81,6 @@ RM_CPU_KERNEL(unfold) {
   } while (0)
 
 RM_CPU_KERNEL(fold) {
-  (void)nin; (void)nout;
   geo g = geo_of(a);
   const int64_t B = out[0]->shape[0], C = out[0]->shape[1], H = out[0]->shape[2], W = out[0]->shape[3];
   const int64_t K = g.kh * g.kw, L = in[0]->shape[2];

@@ -321,13 +321,12 @@ static bool fm_run(rm_tensor *const *in, int nin, rm_tensor *const *out, int cos
 #define DEFINE_EW(name, LOOP, EXPR, COST) DEFINE_EW_FAST(name, LOOP, EXPR, COST, false)
 #define DEFINE_EW_FAST(name, LOOP, EXPR, COST, FAST)                                   \
   RM_CPU_KERNEL(name) {                                                                \
-    (void)ctx; (void)nin; (void)nout;                                                  \
     if (FAST) return RM_OK;                                                            \
     if (out[0]->dtype == RM_F64) {                                                     \
-      const double s_ = a->f[0]; (void)s_;                                             \
+      const double s_ = a->scalar.value; (void)s_;                                     \
       LOOP(double, EXPR, COST);                                                        \
     } else if (out[0]->dtype == RM_F32) {                                              \
-      const float s_ = (float)a->f[0]; (void)s_;                                       \
+      const float s_ = (float)a->scalar.value; (void)s_;                               \
       LOOP(float, EXPR, COST);                                                         \
     } else {                                                                           \
       return rm_fail(ctx, RM_ERR_DTYPE, #name ": cpu does not support %s",             \
@@ -371,14 +370,13 @@ DEFINE_EW(copy, LOOP1, a_, 1)
 
 /* x^s; squaring (the common case) is a multiply, which pow would round the same. */
 RM_CPU_KERNEL(pow_scalar) {
-  (void)nin; (void)nout;
-  if (a->f[0] == 2.0) {
+  if (a->scalar.value == 2.0) {
     if (out[0]->dtype == RM_F64) LOOP1(double, a_ * a_, 1);
     else if (out[0]->dtype == RM_F32) LOOP1(float, a_ * a_, 1);
     else return rm_fail(ctx, RM_ERR_DTYPE, "pow_scalar: cpu does not support %s", rm_dtype_name(out[0]->dtype));
   } else {
-    if (out[0]->dtype == RM_F64) { const double s_ = a->f[0]; LOOP1(double, pow(a_, s_), 16); }
-    else if (out[0]->dtype == RM_F32) { const float s_ = (float)a->f[0]; LOOP1(float, pow(a_, s_), 16); }
+    if (out[0]->dtype == RM_F64) { const double s_ = a->scalar.value; LOOP1(double, pow(a_, s_), 16); }
+    else if (out[0]->dtype == RM_F32) { const float s_ = (float)a->scalar.value; LOOP1(float, pow(a_, s_), 16); }
     else return rm_fail(ctx, RM_ERR_DTYPE, "pow_scalar: cpu does not support %s", rm_dtype_name(out[0]->dtype));
   }
   return RM_OK;
@@ -386,12 +384,11 @@ RM_CPU_KERNEL(pow_scalar) {
 
 /* clamp(x, lo, hi) = min(max(x, lo), hi); NaN fails both tests and passes through. */
 RM_CPU_KERNEL(clamp) {
-  (void)nin; (void)nout;
   if (out[0]->dtype == RM_F64) {
-    const double lo = a->f[0], hi = a->f[1];
+    const double lo = a->clamp.lo, hi = a->clamp.hi;
     LOOP1(double, a_ < lo ? lo : a_ > hi ? hi : a_, 1);
   } else if (out[0]->dtype == RM_F32) {
-    const float lo = (float)a->f[0], hi = (float)a->f[1];
+    const float lo = (float)a->clamp.lo, hi = (float)a->clamp.hi;
     LOOP1(float, a_ < lo ? lo : a_ > hi ? hi : a_, 1);
   } else {
     return rm_fail(ctx, RM_ERR_DTYPE, "clamp: cpu does not support %s", rm_dtype_name(out[0]->dtype));
@@ -400,17 +397,16 @@ RM_CPU_KERNEL(clamp) {
 }
 
 RM_CPU_KERNEL(fill) {
-  (void)ctx; (void)nin; (void)in; (void)nout;
   int64_t n = rm_tensor_numel(out[0]);
   const int par = n > RM_CPU_PAR_MIN;
   if (out[0]->dtype == RM_F64) {
     double *p = rm_tensor_ptr(out[0]);
-    const double v = a->f[0];
+    const double v = a->fill.value;
     _Pragma("omp parallel for simd if (parallel: par)")
     for (int64_t i = 0; i < n; i++) p[i] = v;
   } else if (out[0]->dtype == RM_F32) {
     float *p = rm_tensor_ptr(out[0]);
-    const float v = (float)a->f[0];
+    const float v = (float)a->fill.value;
     _Pragma("omp parallel for simd if (parallel: par)")
     for (int64_t i = 0; i < n; i++) p[i] = v;
   } else {

@@ -25,9 +25,8 @@ static void split(int ndim, const int64_t *shape, int d, int64_t *outer, int64_t
 static int norm_dim(int64_t dim, int ndim) { return (int)(dim < 0 ? dim + ndim : dim); }
 
 RM_CPU_KERNEL(index_select) {
-  (void)nin; (void)nout;
   const rm_tensor *x = in[0], *idx = in[1];
-  int d = norm_dim(a->i[0], x->ndim);
+  int d = norm_dim(a->axis.dim, x->ndim);
   if (check_indices(ctx, "index_select", idx, x->shape[d], d)) return ctx->err_code;
   int64_t outer, size, inner, len = idx->shape[0];
   split(x->ndim, x->shape, d, &outer, &size, &inner);
@@ -87,9 +86,8 @@ static int64_t stride_of(int ndim, const int64_t *shape, int d) {
   } while (0)
 
 RM_CPU_KERNEL(gather) {
-  (void)nin; (void)nout;
   const rm_tensor *x = in[0], *idx = in[1];
-  int d = norm_dim(a->i[0], x->ndim);
+  int d = norm_dim(a->axis.dim, x->ndim);
   if (check_indices(ctx, "gather", idx, x->shape[d], d)) return ctx->err_code;
   int64_t n = rm_tensor_numel(idx), line = idx->shape[d];
   if (n == 0) return RM_OK;
@@ -117,9 +115,8 @@ RM_CPU_KERNEL(gather) {
   } while (0)
 
 RM_CPU_KERNEL(scatter_add) {
-  (void)nin; (void)nout;
   const rm_tensor *src = in[0], *idx = in[1];
-  int d = norm_dim(a->i[0], src->ndim);
+  int d = norm_dim(a->scatter_add.dim, src->ndim);
   if (check_indices(ctx, "scatter_add", idx, out[0]->shape[d], d)) return ctx->err_code;
   memset(rm_tensor_ptr(out[0]), 0, rm_tensor_nbytes(out[0]));
   int64_t n = rm_tensor_numel(src), line = src->shape[d];
@@ -152,10 +149,9 @@ RM_CPU_KERNEL(scatter_add) {
   } while (0)
 
 RM_CPU_KERNEL(index_add) {
-  (void)nin; (void)nout;
   const rm_tensor *src = in[0], *idx = in[1];
-  int d = norm_dim(a->i[0], src->ndim);
-  int64_t size = a->i[1];
+  int d = norm_dim(a->index_add.dim, src->ndim);
+  int64_t size = a->index_add.size;
   if (check_indices(ctx, "index_add", idx, size, d)) return ctx->err_code;
   memset(rm_tensor_ptr(out[0]), 0, rm_tensor_nbytes(out[0]));
   int64_t outer, len, inner;
@@ -170,8 +166,7 @@ RM_CPU_KERNEL(index_add) {
 }
 
 RM_CPU_KERNEL(concat) {
-  (void)ctx; (void)nout;
-  int d = norm_dim(a->i[0], out[0]->ndim);
+  int d = norm_dim(a->axis.dim, out[0]->ndim);
   int64_t outer, total, inner;
   split(out[0]->ndim, out[0]->shape, d, &outer, &total, &inner);
   size_t es = rm_dtype_size(out[0]->dtype);
@@ -192,7 +187,6 @@ RM_CPU_KERNEL(concat) {
 }
 
 RM_CPU_KERNEL(embedding) {
-  (void)nin; (void)nout; (void)a;
   const rm_tensor *w = in[0], *idx = in[1];
   if (check_indices(ctx, "embedding", idx, w->shape[0], -1)) return ctx->err_code;
   int64_t count = rm_tensor_numel(idx), dim = w->shape[1];
@@ -210,7 +204,7 @@ RM_CPU_KERNEL(embedding) {
   do {                                                                                       \
     const T *px = rm_tensor_ptr(in[0]);                                                      \
     T *po = rm_tensor_ptr(out[0]);                                                           \
-    const T fill = a->i[0] ? (T)0 : (T)-INFINITY;                                            \
+    const T fill = a->causal_mask.zeros ? (T)0 : (T)-INFINITY;                               \
     _Pragma("omp parallel for if (rows * len > RM_CPU_PAR_MIN)")                             \
     for (int64_t r = 0; r < rows; r++) {                                                     \
       int64_t i = r % len;                                                                   \
@@ -222,7 +216,6 @@ RM_CPU_KERNEL(embedding) {
   } while (0)
 
 RM_CPU_KERNEL(causal_mask) {
-  (void)ctx; (void)nin; (void)nout;
   int64_t len = out[0]->shape[out[0]->ndim - 1];
   int64_t rows = len ? rm_tensor_numel(out[0]) / len : 0;
   if (out[0]->dtype == RM_F64) CAUSAL_LOOP(double);
@@ -231,10 +224,9 @@ RM_CPU_KERNEL(causal_mask) {
 }
 
 RM_CPU_KERNEL(narrow_backward) {
-  (void)ctx; (void)nin; (void)nout;
   const rm_tensor *g = in[0];
-  int d = norm_dim(a->i[0], g->ndim);
-  int64_t outer, len, inner, full = a->i[2], start = a->i[1];
+  int d = norm_dim(a->narrow_backward.dim, g->ndim);
+  int64_t outer, len, inner, full = a->narrow_backward.size, start = a->narrow_backward.start;
   split(g->ndim, g->shape, d, &outer, &len, &inner);
   size_t es = rm_dtype_size(g->dtype);
   size_t block = (size_t)(len * inner) * es, full_block = (size_t)(full * inner) * es;

@@ -67,7 +67,6 @@ static inline double exp_diff_double(double x, double lse) { return exp(x - lse)
   } while (0)
 
 RM_CPU_KERNEL(cross_entropy) {
-  (void)nin; (void)nout; (void)a;
   int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
   if (rm_cpu_check_indices(ctx, "cross_entropy", "label", in[1], classes, -1, "row"))
     return ctx->err_code;
@@ -96,7 +95,6 @@ RM_CPU_KERNEL(cross_entropy) {
   } while (0)
 
 RM_CPU_KERNEL(cross_entropy_backward) {
-  (void)nin; (void)nout; (void)a;
   int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
   if (rm_cpu_check_indices(ctx, "cross_entropy_backward", "label", in[1], classes, -1, "row"))
     return ctx->err_code;
@@ -118,7 +116,6 @@ RM_CPU_KERNEL(cross_entropy_backward) {
   } while (0)
 
 RM_CPU_KERNEL(mse) {
-  (void)ctx; (void)nin; (void)nout; (void)a;
   int64_t n = rm_tensor_numel(in[0]);
   if (out[0]->dtype == RM_F64) MSE_LOOP(double);
   else MSE_LOOP(float);

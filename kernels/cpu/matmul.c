@@ -92,7 +92,6 @@ static void batch_strides(const operand *o, int nb, const int64_t *bshape, int64
 }
 
 RM_CPU_KERNEL(matmul) {
-  (void)nin; (void)nout; (void)a;
   rm_tensor *y = out[0];
   size_t es = rm_dtype_size(y->dtype);
   operand A, B;
@@ -155,7 +154,6 @@ done:
 /* y (R x out) = x (R x in) w^T (+ b): one GEMM over the flattened leading dims of x; the
  * bias is written into y first and accumulated by the GEMM (beta = 1). */
 RM_CPU_KERNEL(linear) {
-  (void)nout; (void)a;
   rm_tensor *x = in[0], *w = in[1], *b = nin > 2 ? in[2] : NULL, *y = out[0];
   int64_t fin = w->shape[1], fout = w->shape[0];
   if (fout == 0) return RM_OK;

@@ -101,10 +101,9 @@ static void rows_cols(const rm_tensor *x, int64_t *R, int64_t *C) {
 
 /* layernorm: in x[, w[, b]]; out y, mean, rstd; f[0] eps */
 RM_CPU_KERNEL(layernorm) {
-  (void)ctx; (void)nout;
   int64_t R, C;
   rows_cols(in[0], &R, &C);
-  double eps = a->f[0];
+  double eps = a->norm.eps;
   rm_tensor *wt = nin > 1 ? in[1] : NULL, *bt = nin > 2 ? in[2] : NULL;
   if (out[0]->dtype == RM_F64) NORM_FWD(double, in[0], wt, bt, out[0], out[1], out[2]);
   else NORM_FWD(float, in[0], wt, bt, out[0], out[1], out[2]);
@@ -114,10 +113,9 @@ RM_CPU_KERNEL(layernorm) {
 /* layernorm_backward: in x, mean, rstd, g[, w]; out gx, gw, gb;
  * i[0]: bit 0 compute gx, bit 1 gw, bit 2 gb (outputs not asked for are zeros) */
 RM_CPU_KERNEL(layernorm_backward) {
-  (void)ctx; (void)nout;
   int64_t R, C;
   rows_cols(in[0], &R, &C);
-  int64_t want = a->i[0];
+  int64_t want = a->norm_backward.want;
   rm_tensor *wt = nin > 4 ? in[4] : NULL;
   if (out[0]->dtype == RM_F64) NORM_BWD(double, in[0], in[1], in[2], in[3], wt, out[0], out[1], out[2]);
   else NORM_BWD(float, in[0], in[1], in[2], in[3], wt, out[0], out[1], out[2]);
@@ -126,10 +124,9 @@ RM_CPU_KERNEL(layernorm_backward) {
 
 /* rmsnorm: in x[, w]; out y, rstd; f[0] eps */
 RM_CPU_KERNEL(rmsnorm) {
-  (void)ctx; (void)nout;
   int64_t R, C;
   rows_cols(in[0], &R, &C);
-  double eps = a->f[0];
+  double eps = a->norm.eps;
   rm_tensor *wt = nin > 1 ? in[1] : NULL;
   if (out[0]->dtype == RM_F64) NORM_FWD(double, in[0], wt, NULL, out[0], NULL, out[1]);
   else NORM_FWD(float, in[0], wt, NULL, out[0], NULL, out[1]);
@@ -138,10 +135,9 @@ RM_CPU_KERNEL(rmsnorm) {
 
 /* rmsnorm_backward: in x, rstd, g[, w]; out gx, gw; i[0]: bit 0 gx, bit 1 gw */
 RM_CPU_KERNEL(rmsnorm_backward) {
-  (void)ctx; (void)nout;
   int64_t R, C;
   rows_cols(in[0], &R, &C);
-  int64_t want = a->i[0];
+  int64_t want = a->norm_backward.want;
   rm_tensor *wt = nin > 3 ? in[3] : NULL;
   if (out[0]->dtype == RM_F64) NORM_BWD(double, in[0], NULL, in[1], in[2], wt, out[0], out[1], NULL);
   else NORM_BWD(float, in[0], NULL, in[1], in[2], wt, out[0], out[1], NULL);

@@ -33,8 +33,9 @@ static int check_step(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, i
   do {                                                                                       \
     const T *pp = rm_tensor_ptr(in[0]), *pg = rm_tensor_ptr(in[1]), *pbi = rm_tensor_ptr(in[2]); \
     T *po = rm_tensor_ptr(out[0]), *pb = rm_tensor_ptr(out[1]);                              \
-    const T lr = (T)a->f[0], mom = (T)a->f[1], wd = (T)a->f[2], keep = (T)(1.0 - a->f[3]);   \
-    const bool nesterov = a->i[0] != 0, first = a->i[1] != 0;                                \
+    const T lr = (T)a->sgd.lr, mom = (T)a->sgd.momentum, wd = (T)a->sgd.weight_decay;        \
+    const T keep = (T)(1.0 - a->sgd.dampening);                                              \
+    const bool nesterov = a->sgd.nesterov, first = a->sgd.first;                             \
     if (mom == 0) {                                                                          \
       if (pb != pbi) memcpy(pb, pbi, sizeof(T) * (size_t)n);                                 \
       _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                                    \
@@ -72,7 +73,7 @@ RM_CPU_KERNEL(sgd_step) {
     const T *pp = rm_tensor_ptr(in[0]), *pg = rm_tensor_ptr(in[1]);                          \
     const T *pmi = rm_tensor_ptr(in[2]), *pvi = rm_tensor_ptr(in[3]);                        \
     T *po = rm_tensor_ptr(out[0]), *pm = rm_tensor_ptr(out[1]), *pv = rm_tensor_ptr(out[2]); \
-    const T w1 = (T)(1.0 - b1), beta2 = (T)b2, c2 = (T)(1.0 - b2), eps = (T)a->f[3];         \
+    const T w1 = (T)(1.0 - b1), beta2 = (T)b2, c2 = (T)(1.0 - b2), eps = (T)a->adamw.eps;    \
     const T step_size = (T)(lr / bc1), bc2_sqrt = (T)sqrt(bc2);                              \
     const T decay = (T)(1.0 - lr * wd), wdt = (T)wd;                                         \
     _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                                      \
@@ -143,15 +144,14 @@ static void adam_f32_inplace(float *p, const float *g, float *m, float *v, int64
 RM_CPU_KERNEL(adamw_step) {
   if (check_step(ctx, RM_OP_ADAMW_STEP, nin, in, nout, out, a)) return ctx->err_code;
   int64_t n = rm_tensor_numel(in[0]);
-  double lr = a->f[0], b1 = a->f[1], b2 = a->f[2], wd;
-  memcpy(&wd, &a->i[2], sizeof wd);
-  bool decoupled = a->i[1] != 0;
-  double bc1 = 1.0 - pow(b1, (double)a->i[0]), bc2 = 1.0 - pow(b2, (double)a->i[0]);
+  double lr = a->adamw.lr, b1 = a->adamw.beta1, b2 = a->adamw.beta2, wd = a->adamw.weight_decay;
+  bool decoupled = a->adamw.decoupled;
+  double bc1 = 1.0 - pow(b1, (double)a->adamw.step), bc2 = 1.0 - pow(b2, (double)a->adamw.step);
   if (in[0]->dtype == RM_F64) ADAM_LOOP(double, sqrt);
   else if (rm_tensor_ptr(out[0]) == rm_tensor_ptr(in[0]) && rm_tensor_ptr(out[1]) == rm_tensor_ptr(in[2]) &&
            rm_tensor_ptr(out[2]) == rm_tensor_ptr(in[3]) && rm_tensor_ptr(in[1]) != rm_tensor_ptr(in[0]) &&
            rm_tensor_ptr(in[1]) != rm_tensor_ptr(in[2]) && rm_tensor_ptr(in[1]) != rm_tensor_ptr(in[3])) {
-    const float k[8] = { (float)(1.0 - b1), (float)b2, (float)(1.0 - b2), (float)a->f[3], (float)(lr / bc1),
+    const float k[8] = { (float)(1.0 - b1), (float)b2, (float)(1.0 - b2), (float)a->adamw.eps, (float)(lr / bc1),
                          (float)sqrt(bc2), (float)(1.0 - lr * wd), (float)wd };
     adam_f32_inplace(rm_tensor_ptr(out[0]), rm_tensor_ptr(in[1]), rm_tensor_ptr(out[1]), rm_tensor_ptr(out[2]),
                      n, k, decoupled ? 1 : wd != 0 ? 2 : 0);
@@ -167,8 +167,8 @@ RM_CPU_KERNEL(adamw_step) {
     const T *pbi = rm_tensor_ptr(in[3]), *pai = rm_tensor_ptr(in[4]);                         \
     T *po = rm_tensor_ptr(out[0]), *ps = rm_tensor_ptr(out[1]), *pb = rm_tensor_ptr(out[2]);  \
     T *pa = rm_tensor_ptr(out[3]);                                                            \
-    const T lr = (T)a->f[0], alpha = (T)a->f[1], c = (T)(1.0 - a->f[1]), eps = (T)a->f[2];    \
-    const T mom = (T)a->f[3], wdt = (T)wd;                                                    \
+    const T lr = (T)a->rmsprop.lr, alpha = (T)a->rmsprop.alpha, c = (T)(1.0 - a->rmsprop.alpha); \
+    const T eps = (T)a->rmsprop.eps, mom = (T)a->rmsprop.momentum, wdt = (T)wd;               \
     if (mom == 0 && pb != pbi) memcpy(pb, pbi, sizeof(T) * (size_t)n);                       \
     if (!centered && pa != pai) memcpy(pa, pai, sizeof(T) * (size_t)n);                       \
     _Pragma("omp parallel for if (n > RM_CPU_PAR_MIN)")                                       \
@@ -198,9 +198,8 @@ RM_CPU_KERNEL(adamw_step) {
 RM_CPU_KERNEL(rmsprop_step) {
   if (check_step(ctx, RM_OP_RMSPROP_STEP, nin, in, nout, out, a)) return ctx->err_code;
   int64_t n = rm_tensor_numel(in[0]);
-  double wd;
-  memcpy(&wd, &a->i[0], sizeof wd);
-  bool centered = a->i[1] != 0;
+  double wd = a->rmsprop.weight_decay;
+  bool centered = a->rmsprop.centered;
   if (in[0]->dtype == RM_F64) RMSPROP_LOOP(double, sqrt);
   else RMSPROP_LOOP(float, sqrtf);
   return RM_OK;

@@ -42,7 +42,6 @@ static inline void normal2(uint64_t seed, uint64_t offset, int64_t q, double z[2
   } while (0)
 
 RM_CPU_KERNEL(rand) {
-  (void)nin; (void)in; (void)nout;
   int64_t n = rm_tensor_numel(out[0]);
   if (out[0]->dtype == RM_F64) RAND_LOOP(double);
   else if (out[0]->dtype == RM_F32) RAND_LOOP(float);
@@ -64,7 +63,6 @@ RM_CPU_KERNEL(rand) {
   } while (0)
 
 RM_CPU_KERNEL(randn) {
-  (void)nin; (void)in; (void)nout;
   int64_t n = rm_tensor_numel(out[0]);
   if (out[0]->dtype == RM_F64) RANDN_LOOP(double);
   else if (out[0]->dtype == RM_F32) RANDN_LOOP(float);
@@ -150,7 +148,7 @@ DROPOUT_BLOCKS(double, dropout_blocks_f64)
 static int dropout_kernel(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out,
                           const rm_attrs *a, const char *name) {
   int64_t n = rm_tensor_numel(out[0]);
-  const double p = a->f[0];
+  const double p = a->dropout.p;
   if (out[0]->dtype == RM_F64) DROPOUT_LOOP(double, dropout_blocks_f64);
   else if (out[0]->dtype == RM_F32) DROPOUT_LOOP(float, dropout_blocks_f32);
   else return rm_fail(ctx, RM_ERR_DTYPE, "%s: cpu does not support %s", name, rm_dtype_name(out[0]->dtype));
@@ -158,11 +156,9 @@ static int dropout_kernel(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *o
 }
 
 RM_CPU_KERNEL(dropout) {
-  (void)nin; (void)nout;
   return dropout_kernel(ctx, in, out, a, "dropout");
 }
 
 RM_CPU_KERNEL(dropout_backward) {
-  (void)nin; (void)nout;
   return dropout_kernel(ctx, in, out, a, "dropout_backward");
 }

@@ -178,23 +178,20 @@ static void dims_of(const rm_tensor *t, int64_t dim, bool *red) {
 }
 
 RM_CPU_KERNEL(sum) {
-  (void)ctx; (void)nin; (void)nout;
   bool red[RM_MAX_DIM];
-  dims_of(in[0], a->i[0], red);
+  dims_of(in[0], a->reduce.dim, red);
   return sum_dims(in[0], out[0], red, 1.0);
 }
 
 RM_CPU_KERNEL(mean) {
-  (void)ctx; (void)nin; (void)nout;
   bool red[RM_MAX_DIM];
-  dims_of(in[0], a->i[0], red);
+  dims_of(in[0], a->reduce.dim, red);
   int64_t no = rm_tensor_numel(out[0]);
   double count = no ? (double)rm_tensor_numel(in[0]) / (double)no : 0.0;
   return sum_dims(in[0], out[0], red, count);
 }
 
 RM_CPU_KERNEL(sum_to) {
-  (void)ctx; (void)nin; (void)nout;
   bool red[RM_MAX_DIM];
   int off = in[0]->ndim - a->ndim;
   for (int d = 0; d < in[0]->ndim; d++)
@@ -260,13 +257,11 @@ static int max_run(rm_tensor *x, int64_t dim, rm_tensor *val, rm_tensor *idx) {
 }
 
 RM_CPU_KERNEL(max) {
-  (void)ctx; (void)nin; (void)nout;
-  return max_run(in[0], a->i[0], out[0], out[1]);
+  return max_run(in[0], a->reduce.dim, out[0], out[1]);
 }
 
 RM_CPU_KERNEL(argmax) {
-  (void)ctx; (void)nin; (void)nout;
-  return max_run(in[0], a->i[0], NULL, out[0]);
+  return max_run(in[0], a->reduce.dim, NULL, out[0]);
 }
 
 /* ---- softmax family: one column (n elements, stride s) per iteration ---- */
@@ -356,13 +351,11 @@ static int softmax_run(rm_tensor *xt, rm_tensor *yt, int64_t dim, bool logmode) 
 }
 
 RM_CPU_KERNEL(softmax) {
-  (void)ctx; (void)nin; (void)nout;
-  return softmax_run(in[0], out[0], a->i[0], false);
+  return softmax_run(in[0], out[0], a->axis.dim, false);
 }
 
 RM_CPU_KERNEL(log_softmax) {
-  (void)ctx; (void)nin; (void)nout;
-  return softmax_run(in[0], out[0], a->i[0], true);
+  return softmax_run(in[0], out[0], a->axis.dim, true);
 }
 
 /* softmax: dx = y * (g - sum(g*y)); log_softmax: dx = g - exp(y) * sum(g). */
@@ -396,11 +389,9 @@ static int softmax_bw_run(rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, int64_t d
 }
 
 RM_CPU_KERNEL(softmax_backward) {
-  (void)ctx; (void)nin; (void)nout;
-  return softmax_bw_run(in[0], in[1], out[0], a->i[0], false);
+  return softmax_bw_run(in[0], in[1], out[0], a->axis.dim, false);
 }
 
 RM_CPU_KERNEL(log_softmax_backward) {
-  (void)ctx; (void)nin; (void)nout;
-  return softmax_bw_run(in[0], in[1], out[0], a->i[0], true);
+  return softmax_bw_run(in[0], in[1], out[0], a->axis.dim, true);
 }

@@ -44,8 +44,7 @@ DEF_MIN(float)
 DEF_MIN(double)
 
 RM_CPU_KERNEL(min) {
-  (void)nin; (void)nout;
-  cols c = columns(in[0], a->i[0]);
+  cols c = columns(in[0], a->reduce.dim);
   if (c.outer * c.inner == 0 || c.n == 0) return RM_OK;
   if (in[0]->dtype == RM_F64) min_double(rm_tensor_ptr(in[0]), rm_tensor_ptr(out[0]), rm_tensor_ptr(out[1]), c);
   else if (in[0]->dtype == RM_F32) min_float(rm_tensor_ptr(in[0]), rm_tensor_ptr(out[0]), rm_tensor_ptr(out[1]), c);
@@ -125,13 +124,11 @@ static int sort_run(rm_ctx *ctx, const char *op, rm_tensor *const *in, rm_tensor
 }
 
 RM_CPU_KERNEL(sort) {
-  (void)nin; (void)nout;
-  return sort_run(ctx, "sort", in, out, a->i[0], columns(in[0], a->i[0]).n, a->i[1] != 0);
+  return sort_run(ctx, "sort", in, out, a->sort.dim, columns(in[0], a->sort.dim).n, a->sort.descending);
 }
 
 RM_CPU_KERNEL(topk) {
-  (void)nin; (void)nout;
-  return sort_run(ctx, "topk", in, out, a->i[0], a->i[1], a->i[2] != 0);
+  return sort_run(ctx, "topk", in, out, a->topk.dim, a->topk.k, a->topk.largest);
 }
 
 /* ---- cumsum: a float64 running sum, rounded to T at each step ---- */
@@ -154,10 +151,9 @@ DEF_CUMSUM(float)
 DEF_CUMSUM(double)
 
 RM_CPU_KERNEL(cumsum) {
-  (void)nin; (void)nout;
-  cols c = columns(in[0], a->i[0]);
-  if (in[0]->dtype == RM_F64) cumsum_double(rm_tensor_ptr(in[0]), rm_tensor_ptr(out[0]), c, a->i[1] != 0);
-  else if (in[0]->dtype == RM_F32) cumsum_float(rm_tensor_ptr(in[0]), rm_tensor_ptr(out[0]), c, a->i[1] != 0);
+  cols c = columns(in[0], a->cumsum.dim);
+  if (in[0]->dtype == RM_F64) cumsum_double(rm_tensor_ptr(in[0]), rm_tensor_ptr(out[0]), c, a->cumsum.reverse);
+  else if (in[0]->dtype == RM_F32) cumsum_float(rm_tensor_ptr(in[0]), rm_tensor_ptr(out[0]), c, a->cumsum.reverse);
   else return rm_fail(ctx, RM_ERR_DTYPE, "cumsum: cpu does not support %s", rm_dtype_name(in[0]->dtype));
   return RM_OK;
 }

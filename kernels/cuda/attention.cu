@@ -131,8 +131,8 @@ static int att_geometry(rm_ctx *ctx, const char *op, rm_tensor *const *in, const
   g->Tq = q->shape[q->ndim - 2];
   g->Tk = k->shape[k->ndim - 2];
   g->off = g->Tk - g->Tq;
-  g->causal = a->i[0] != 0;
-  g->scale = a->f[0] != 0 ? a->f[0] : 1.0 / sqrt((double)(g->hd ? g->hd : 1));
+  g->causal = a->attention.causal;
+  g->scale = a->attention.scale != 0 ? a->attention.scale : 1.0 / sqrt((double)(g->hd ? g->hd : 1));
   g->dt = q->dtype;
   if (g->dt != RM_F32 && g->dt != RM_BF16 && g->dt != RM_F64) return cu_bad_dtype(ctx, op, g->dt);
   if (g->Tq >= INT_MAX || g->Tk >= INT_MAX || g->hd >= INT_MAX)
@@ -345,7 +345,6 @@ static int att_fwd(rm_ctx *ctx, const att_geo &g, att_mat *q, att_mat *k, att_ma
 }
 
 RM_CUDA_KERNEL(attention) {
-  (void)nout; (void)nin;
   att_geo g;
   if (att_geometry(ctx, "attention", in, a, &g)) return ctx->err_code;
   int64_t nlse = cu_numel(out[1]);
@@ -470,7 +469,6 @@ static int att_bwd(rm_ctx *ctx, const att_geo &g, att_mat *const *m, const A *ls
 
 /* Inputs q, k, v, y, lse, gy; outputs gq, gk, gv. */
 RM_CUDA_KERNEL(attention_backward) {
-  (void)nout;
   att_geo g;
   if (att_geometry(ctx, "attention_backward", in, a, &g)) return ctx->err_code;
   if (nin != 6) return cu_fail(ctx, RM_ERR_ARG, "attention_backward: takes q, k, v, y, lse, gy");

@@ -34,7 +34,7 @@
 #define CU_FAMILY_sort CU_FAMILY_ANY
 #define CU_FAMILY_conv CU_FAMILY_ANY
 
-#define X(ID, name, family) CU_FAMILY_##family(RM_CUDA_KERNEL(name);)
+#define X(ID, name, family, set) CU_FAMILY_##family(RM_CUDA_KERNEL(name);)
 #include "../../core/ops.def"
 #undef X
 
@@ -138,7 +138,6 @@ static void *cu_alloc(rm_ctx *ctx, cu_state *st, size_t bytes, cudaError_t *why)
     return NULL;
   }
   st->reserved += cls;
-  (void)ctx;
   return p;
 }
 
@@ -357,7 +356,7 @@ static int cu_run(rm_ctx *ctx, rm_op_id op, const char *name, rm_kernel_fn k, in
   return st->sync_each ? cu_checks_flush(ctx, st) : RM_OK;
 }
 
-#define X(ID, name, family)                                                          \
+#define X(ID, name, family, set)                                                          \
   CU_FAMILY_##family(                                                                \
   static int run_##name(rm_ctx *ctx, int nin, rm_tensor *const *in, int nout,       \
                         rm_tensor *const *out, const rm_attrs *a) {                 \
@@ -424,7 +423,7 @@ static rm_backend make_table(void) {
   b.supports_dtype[RM_F32] = true;
   b.supports_dtype[RM_F64] = true;
   b.supports_dtype[RM_BF16] = true;
-#define X(ID, name, family) CU_FAMILY_##family(b.kernel[RM_OP_##ID] = run_##name;)
+#define X(ID, name, family, set) CU_FAMILY_##family(b.kernel[RM_OP_##ID] = run_##name;)
 #include "../../core/ops.def"
 #undef X
   return b;

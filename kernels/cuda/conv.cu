@@ -6,7 +6,8 @@
 typedef struct { int64_t kh, kw, sh, sw, ph, pw, dh, dw; } cu_cgeo;
 
 static cu_cgeo cgeo_of(const rm_attrs *a) {
-  cu_cgeo g = { a->shape[0], a->shape[1], a->shape[2], a->shape[3], a->shape[4], a->shape[5], a->shape[6], a->shape[7] };
+  cu_cgeo g = { a->window.kh, a->window.kw, a->window.stride_h, a->window.stride_w,
+                a->window.pad_h, a->window.pad_w, a->window.dilation_h, a->window.dilation_w };
   return g;
 }
 
@@ -27,7 +28,6 @@ __global__ void unfold_kernel(const T *x, T *o, int64_t total, int64_t H, int64_
 }
 
 RM_CUDA_KERNEL(unfold) {
-  (void)nin; (void)nout;
   cu_cgeo g = cgeo_of(a);
   const int64_t H = in[0]->shape[2], W = in[0]->shape[3];
   const int64_t Wo = (W + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1, Ho = out[0]->shape[2] / Wo;
@@ -36,7 +36,7 @@ RM_CUDA_KERNEL(unfold) {
   cudaStream_t st = cu_st(ctx)->stream;
   CU_DISPATCH(ctx, "unfold", out[0]->dtype,
               unfold_kernel<T><<<cu_blocks(total), CU_THREADS, 0, st>>>((const T *)cu_ptr(in[0]), (T *)cu_ptr(out[0]),
-                                                                       total, H, W, Ho, Wo, g, a->f[0]));
+                                                                       total, H, W, Ho, Wo, g, a->window.pad_value));
   return CU_LAUNCHED(ctx, "unfold kernel");
 }
 
@@ -69,7 +69,6 @@ __global__ void fold_kernel(const T *c, T *x, int64_t total, int64_t H, int64_t 
 }
 
 RM_CUDA_KERNEL(fold) {
-  (void)nin; (void)nout;
   cu_cgeo g = cgeo_of(a);
   const int64_t H = out[0]->shape[2], W = out[0]->shape[3];
   const int64_t Wo = (W + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;

@@ -205,8 +205,7 @@ static int ew_run(rm_ctx *ctx, const char *name, int op, int nop, rm_tensor *con
 
 #define EW_KERNEL(name, ID, NOP)                                                   \
   RM_CUDA_KERNEL(name) {                                                           \
-    (void)nin; (void)nout;                                                         \
-    return ew_run(ctx, #name, RM_OP_##ID, NOP, in, out[0], a->f[0]);               \
+    return ew_run(ctx, #name, RM_OP_##ID, NOP, in, out[0], a->scalar.value);       \
   }
 
 EW_KERNEL(add, ADD, 2)
@@ -258,8 +257,7 @@ int cu_fill(rm_ctx *ctx, void *p, rm_dtype dt, int64_t n, double v) {
 }
 
 RM_CUDA_KERNEL(fill) {
-  (void)nin; (void)in; (void)nout;
-  return cu_fill(ctx, cu_ptr(out[0]), out[0]->dtype, cu_numel(out[0]), a->f[0]);
+  return cu_fill(ctx, cu_ptr(out[0]), out[0]->dtype, cu_numel(out[0]), a->fill.value);
 }
 
 /* Converting copy of a strided source into a contiguous destination. Float64 goes
@@ -305,7 +303,6 @@ int cu_copy_strided(rm_ctx *ctx, const rm_tensor *src, void *dst, rm_dtype to) {
 }
 
 RM_CUDA_KERNEL(cast) {
-  (void)nin; (void)nout; (void)a;
   return cu_copy_strided(ctx, in[0], cu_ptr(out[0]), out[0]->dtype);
 }
 
@@ -347,7 +344,6 @@ __global__ void clamp_kernel(int64_t n, ew_geo g, bool contig, const T *x, T *__
 }
 
 RM_CUDA_KERNEL(clamp) {
-  (void)nin; (void)nout;
   int64_t n = cu_numel(out[0]);
   if (n == 0) return RM_OK;
   bool contig = cu_contig(in[0]);
@@ -355,6 +351,6 @@ RM_CUDA_KERNEL(clamp) {
   cudaStream_t st = cu_st(ctx)->stream;
   CU_DISPATCH(ctx, "clamp", out[0]->dtype,
               clamp_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>(n, g, contig, (const T *)cu_ptr(in[0]),
-                                                                  (T *)cu_ptr(out[0]), a->f[0], a->f[1]));
+                                                                  (T *)cu_ptr(out[0]), a->clamp.lo, a->clamp.hi));
   return CU_LAUNCHED(ctx, "clamp kernel");
 }

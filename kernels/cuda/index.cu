@@ -80,9 +80,8 @@ __global__ void index_select_kernel(const T *x, T *o, const void *ip, rm_dtype i
   } while (0)
 
 RM_CUDA_KERNEL(index_select) {
-  (void)nout;
   const rm_tensor *x = in[0], *idx = in[1];
-  int d = norm_dim(a->i[0], x->ndim);
+  int d = norm_dim(a->axis.dim, x->ndim);
   cu_inputs ci;
   int rc = cu_inputs_get(ctx, nin, in, &ci);
   int64_t outer, size, inner, len = idx->shape[0];
@@ -101,7 +100,6 @@ RM_CUDA_KERNEL(index_select) {
 }
 
 RM_CUDA_KERNEL(embedding) {
-  (void)nout; (void)a;
   const rm_tensor *w = in[0], *idx = in[1];
   cu_inputs ci;
   int rc = cu_inputs_get(ctx, nin, in, &ci);
@@ -188,9 +186,8 @@ static ix_geo ix_geo_make(const rm_tensor *idx_like, const rm_tensor *x_like, in
 }
 
 RM_CUDA_KERNEL(gather) {
-  (void)nout;
   const rm_tensor *x = in[0], *idx = in[1];
-  int d = norm_dim(a->i[0], x->ndim);
+  int d = norm_dim(a->axis.dim, x->ndim);
   cu_inputs ci;
   int rc = cu_inputs_get(ctx, nin, in, &ci);
   if (!rc) rc = check_indices(ctx, "gather", idx, ci.p[1], x->shape[d], d);
@@ -208,10 +205,9 @@ RM_CUDA_KERNEL(gather) {
 }
 
 RM_CUDA_KERNEL(scatter_add) {
-  (void)nout;
   const rm_tensor *src = in[0], *idx = in[1];
   rm_tensor *o = out[0];
-  int d = norm_dim(a->i[0], src->ndim);
+  int d = norm_dim(a->scatter_add.dim, src->ndim);
   cu_inputs ci;
   int rc = cu_inputs_get(ctx, nin, in, &ci);
   if (!rc) rc = check_indices(ctx, "scatter_add", idx, ci.p[1], o->shape[d], d);
@@ -292,11 +288,10 @@ static int bits_for(int64_t size) {
 }
 
 RM_CUDA_KERNEL(index_add) {
-  (void)nout;
   const rm_tensor *src = in[0], *idx = in[1];
   rm_tensor *o = out[0];
-  int d = norm_dim(a->i[0], src->ndim);
-  int64_t size = a->i[1];
+  int d = norm_dim(a->index_add.dim, src->ndim);
+  int64_t size = a->index_add.size;
   cu_inputs ci;
   int rc = cu_inputs_get(ctx, nin, in, &ci);
   if (!rc) rc = check_indices(ctx, "index_add", idx, ci.p[1], size, d);
@@ -343,9 +338,8 @@ RM_CUDA_KERNEL(index_add) {
 /* ---- concat, narrow_backward: 2-D copies ---- */
 
 RM_CUDA_KERNEL(concat) {
-  (void)nout;
   rm_tensor *o = out[0];
-  int d = norm_dim(a->i[0], o->ndim);
+  int d = norm_dim(a->axis.dim, o->ndim);
   int64_t outer, total, inner;
   split(o->ndim, o->shape, d, &outer, &total, &inner);
   size_t es = cu_dsize(o->dtype);
@@ -370,11 +364,10 @@ RM_CUDA_KERNEL(concat) {
 }
 
 RM_CUDA_KERNEL(narrow_backward) {
-  (void)nin; (void)nout;
   const rm_tensor *g = in[0];
   rm_tensor *o = out[0];
-  int d = norm_dim(a->i[0], g->ndim);
-  int64_t outer, len, inner, full = a->i[2], start = a->i[1];
+  int d = norm_dim(a->narrow_backward.dim, g->ndim);
+  int64_t outer, len, inner, full = a->narrow_backward.size, start = a->narrow_backward.start;
   split(g->ndim, g->shape, d, &outer, &len, &inner);
   size_t es = cu_dsize(g->dtype);
   size_t block = (size_t)(len * inner) * es, full_block = (size_t)(full * inner) * es;
@@ -409,7 +402,6 @@ __global__ void causal_kernel(const T *x, T *o, int64_t n, int64_t len, bool zer
 }
 
 RM_CUDA_KERNEL(causal_mask) {
-  (void)nin; (void)nout;
   rm_tensor *o = out[0];
   int64_t len = o->ndim ? o->shape[o->ndim - 1] : 1, n = cu_numel(o);
   if (!n || !len) return RM_OK;
@@ -420,7 +412,7 @@ RM_CUDA_KERNEL(causal_mask) {
   int rc;
   CU_DISPATCH(ctx, "causal_mask", o->dtype,
               causal_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>((const T *)x, (T *)cu_ptr(o), n,
-                                                                     len, a->i[0] != 0));
+                                                                     len, a->causal_mask.zeros));
   rc = CU_LAUNCHED(ctx, "causal_mask kernel");
   if (scratch) cu_scratch_free(ctx, scratch, (size_t)n * cu_dsize(o->dtype));
   return rc;

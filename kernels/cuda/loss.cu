@@ -133,7 +133,6 @@ static int check_labels(rm_ctx *ctx, const char *op, const rm_tensor *labels, co
 }
 
 RM_CUDA_KERNEL(cross_entropy) {
-  (void)nout; (void)a;
   int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
   rm_tensor *o = out[0];
   cu_inputs ci;
@@ -157,7 +156,6 @@ RM_CUDA_KERNEL(cross_entropy) {
 }
 
 RM_CUDA_KERNEL(cross_entropy_backward) {
-  (void)nout; (void)a;
   int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
   rm_tensor *o = out[0];
   cu_inputs ci;
@@ -176,7 +174,6 @@ RM_CUDA_KERNEL(cross_entropy_backward) {
 }
 
 RM_CUDA_KERNEL(mse) {
-  (void)nout; (void)a;
   int64_t n = cu_numel(in[0]);
   rm_tensor *o = out[0];
   if (n == 0) return cu_fill(ctx, cu_ptr(o), o->dtype, 1, NAN);

@@ -130,7 +130,6 @@ static void batch_strides(const operand *o, int nb, const int64_t *bshape, int64
 }
 
 RM_CUDA_KERNEL(matmul) {
-  (void)nin; (void)nout; (void)a;
   rm_tensor *y = out[0];
   size_t es = cu_dsize(y->dtype);
   operand A, B;
@@ -287,7 +286,6 @@ static int lt_linear(rm_ctx *ctx, rm_dtype dt, blasmat ma, blasmat mb, int64_t M
 
 /* y (R x out) = x (R x in) w^T (+ b): one GEMM over the flattened leading dims of x. */
 RM_CUDA_KERNEL(linear) {
-  (void)nout; (void)a;
   const rm_tensor *x = in[0], *w = in[1], *b = nin > 2 ? in[2] : NULL;
   rm_tensor *y = out[0];
   int64_t fin = w->shape[1], fout = w->shape[0];

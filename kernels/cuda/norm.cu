@@ -136,7 +136,7 @@ static int norm_fwd(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor *const
                     (const T *)ci.p[0], nin > 1 ? (const T *)ci.p[1] : NULL,
                     (!rms && nin > 2) ? (const T *)ci.p[2] : NULL, (T *)cu_ptr(out[0]),
                     rms ? NULL : (typename cu_acc<T>::type *)cu_ptr(out[1]),
-                    (typename cu_acc<T>::type *)cu_ptr(out[rms ? 1 : 2]), C, a->f[0], rms));
+                    (typename cu_acc<T>::type *)cu_ptr(out[rms ? 1 : 2]), C, a->norm.eps, rms));
     rc = CU_LAUNCHED(ctx, name);
   }
   cu_inputs_free(ctx, &ci);
@@ -149,7 +149,7 @@ static int norm_bwd(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor *const
   const char *name = rms ? "rmsnorm_backward" : "layernorm_backward";
   int64_t R, C;
   rows_cols(in[0], &R, &C);
-  int64_t want = a->i[0];
+  int64_t want = a->norm_backward.want;
   int ig = rms ? 2 : 3, iw = ig + 1;
   cu_inputs ci;
   int rc = cu_inputs_get(ctx, nin, in, &ci);
@@ -210,21 +210,17 @@ done:
 }
 
 RM_CUDA_KERNEL(layernorm) {
-  (void)nout;
   return norm_fwd(ctx, nin, in, out, a, false);
 }
 
 RM_CUDA_KERNEL(rmsnorm) {
-  (void)nout;
   return norm_fwd(ctx, nin, in, out, a, true);
 }
 
 RM_CUDA_KERNEL(layernorm_backward) {
-  (void)nout;
   return norm_bwd(ctx, nin, in, out, a, false);
 }
 
 RM_CUDA_KERNEL(rmsnorm_backward) {
-  (void)nout;
   return norm_bwd(ctx, nin, in, out, a, true);
 }

@@ -72,14 +72,14 @@ RM_CUDA_KERNEL(sgd_step) {
   if (in[1]->dtype != in[0]->dtype) /* float32 master, bfloat16 grad */
     sgd_kernel<float, __nv_bfloat16><<<cu_blocks(n), CU_THREADS, 0, st>>>(
         (const float *)cu_ptr(in[0]), (const __nv_bfloat16 *)cu_ptr(in[1]), (const float *)cu_ptr(in[2]),
-        (float *)cu_ptr(out[0]), (float *)cu_ptr(out[1]), n, a->f[0], a->f[1], a->f[2], 1.0 - a->f[3],
-        a->i[0] != 0, a->i[1] != 0);
+        (float *)cu_ptr(out[0]), (float *)cu_ptr(out[1]), n, a->sgd.lr, a->sgd.momentum, a->sgd.weight_decay,
+        1.0 - a->sgd.dampening, a->sgd.nesterov, a->sgd.first);
   else
     CU_DISPATCH(ctx, "sgd_step", in[0]->dtype,
                 sgd_kernel<T, T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
                     (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
-                    (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), n, a->f[0], a->f[1], a->f[2],
-                    1.0 - a->f[3], a->i[0] != 0, a->i[1] != 0));
+                    (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), n, a->sgd.lr, a->sgd.momentum, a->sgd.weight_decay,
+                    1.0 - a->sgd.dampening, a->sgd.nesterov, a->sgd.first));
   return CU_LAUNCHED(ctx, "sgd_step kernel");
 }
 
@@ -114,22 +114,21 @@ RM_CUDA_KERNEL(adamw_step) {
   if (check_step(ctx, "adamw_step", 4, 3, nin, in, nout, out)) return ctx->err_code;
   int64_t n = cu_numel(in[0]);
   if (!n) return RM_OK;
-  double lr = a->f[0], b1 = a->f[1], b2 = a->f[2], wd;
-  memcpy(&wd, &a->i[2], sizeof wd);
-  bool decoupled = a->i[1] != 0;
-  double bc1 = 1.0 - pow(b1, (double)a->i[0]), bc2 = 1.0 - pow(b2, (double)a->i[0]);
+  double lr = a->adamw.lr, b1 = a->adamw.beta1, b2 = a->adamw.beta2, wd = a->adamw.weight_decay;
+  bool decoupled = a->adamw.decoupled;
+  double bc1 = 1.0 - pow(b1, (double)a->adamw.step), bc2 = 1.0 - pow(b2, (double)a->adamw.step);
   cudaStream_t st = cu_st(ctx)->stream;
   if (in[1]->dtype != in[0]->dtype) /* float32 master, bfloat16 grad */
     adamw_kernel<float, __nv_bfloat16><<<cu_blocks(n), CU_THREADS, 0, st>>>(
         (const float *)cu_ptr(in[0]), (const __nv_bfloat16 *)cu_ptr(in[1]), (const float *)cu_ptr(in[2]),
         (const float *)cu_ptr(in[3]), (float *)cu_ptr(out[0]), (float *)cu_ptr(out[1]), (float *)cu_ptr(out[2]),
-        n, 1.0 - b1, b2, 1.0 - b2, a->f[3], lr / bc1, sqrt(bc2), 1.0 - lr * wd, wd, decoupled);
+        n, 1.0 - b1, b2, 1.0 - b2, a->adamw.eps, lr / bc1, sqrt(bc2), 1.0 - lr * wd, wd, decoupled);
   else
     CU_DISPATCH(ctx, "adamw_step", in[0]->dtype,
                 adamw_kernel<T, T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
                     (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
                     (const T *)cu_ptr(in[3]), (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), (T *)cu_ptr(out[2]),
-                    n, 1.0 - b1, b2, 1.0 - b2, a->f[3], lr / bc1, sqrt(bc2), 1.0 - lr * wd, wd, decoupled));
+                    n, 1.0 - b1, b2, 1.0 - b2, a->adamw.eps, lr / bc1, sqrt(bc2), 1.0 - lr * wd, wd, decoupled));
   return CU_LAUNCHED(ctx, "adamw_step kernel");
 }
 
@@ -171,22 +170,21 @@ RM_CUDA_KERNEL(rmsprop_step) {
   if (check_step(ctx, "rmsprop_step", 5, 4, nin, in, nout, out)) return ctx->err_code;
   int64_t n = cu_numel(in[0]);
   if (!n) return RM_OK;
-  double wd;
-  memcpy(&wd, &a->i[0], sizeof wd);
-  bool centered = a->i[1] != 0;
+  double wd = a->rmsprop.weight_decay;
+  bool centered = a->rmsprop.centered;
   cudaStream_t st = cu_st(ctx)->stream;
   if (in[1]->dtype != in[0]->dtype) /* float32 master, bfloat16 grad */
     rmsprop_kernel<float, __nv_bfloat16><<<cu_blocks(n), CU_THREADS, 0, st>>>(
         (const float *)cu_ptr(in[0]), (const __nv_bfloat16 *)cu_ptr(in[1]), (const float *)cu_ptr(in[2]),
         (const float *)cu_ptr(in[3]), (const float *)cu_ptr(in[4]), (float *)cu_ptr(out[0]),
-        (float *)cu_ptr(out[1]), (float *)cu_ptr(out[2]), (float *)cu_ptr(out[3]), n, a->f[0], a->f[1], a->f[2],
-        a->f[3], wd, centered);
+        (float *)cu_ptr(out[1]), (float *)cu_ptr(out[2]), (float *)cu_ptr(out[3]), n, a->rmsprop.lr,
+        a->rmsprop.alpha, a->rmsprop.eps, a->rmsprop.momentum, wd, centered);
   else
     CU_DISPATCH(ctx, "rmsprop_step", in[0]->dtype,
                 rmsprop_kernel<T, T><<<cu_blocks(n), CU_THREADS, 0, st>>>(
                     (const T *)cu_ptr(in[0]), (const T *)cu_ptr(in[1]), (const T *)cu_ptr(in[2]),
                     (const T *)cu_ptr(in[3]), (const T *)cu_ptr(in[4]), (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]),
-                    (T *)cu_ptr(out[2]), (T *)cu_ptr(out[3]), n, a->f[0], a->f[1], a->f[2], a->f[3], wd,
-                    centered));
+                    (T *)cu_ptr(out[2]), (T *)cu_ptr(out[3]), n, a->rmsprop.lr, a->rmsprop.alpha,
+                    a->rmsprop.eps, a->rmsprop.momentum, wd, centered));
   return CU_LAUNCHED(ctx, "rmsprop_step kernel");
 }

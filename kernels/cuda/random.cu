@@ -55,7 +55,6 @@ __global__ void dropout_kernel(const T *px, T *po, int64_t n, double p, uint64_t
 }
 
 RM_CUDA_KERNEL(rand) {
-  (void)nin; (void)in; (void)nout;
   int64_t n = cu_numel(out[0]);
   if (!n) return RM_OK;
   cudaStream_t st = cu_st(ctx)->stream;
@@ -66,7 +65,6 @@ RM_CUDA_KERNEL(rand) {
 }
 
 RM_CUDA_KERNEL(randn) {
-  (void)nin; (void)in; (void)nout;
   int64_t n = cu_numel(out[0]);
   if (!n) return RM_OK;
   cudaStream_t st = cu_st(ctx)->stream;
@@ -90,15 +88,15 @@ static int dropout_run(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out,
   switch (out[0]->dtype) {
   case RM_F32:
     dropout_kernel<float><<<cu_blocks((n + 3) / 4), CU_THREADS, 0, st>>>(
-        (const float *)x, (float *)cu_ptr(out[0]), n, a->f[0], a->seed, a->offset);
+        (const float *)x, (float *)cu_ptr(out[0]), n, a->dropout.p, a->seed, a->offset);
     break;
   case RM_F64:
     dropout_kernel<double><<<cu_blocks((n + 3) / 4), CU_THREADS, 0, st>>>(
-        (const double *)x, (double *)cu_ptr(out[0]), n, a->f[0], a->seed, a->offset);
+        (const double *)x, (double *)cu_ptr(out[0]), n, a->dropout.p, a->seed, a->offset);
     break;
   case RM_BF16:
     dropout_kernel<__nv_bfloat16><<<cu_blocks((n + 3) / 4), CU_THREADS, 0, st>>>(
-        (const __nv_bfloat16 *)x, (__nv_bfloat16 *)cu_ptr(out[0]), n, a->f[0], a->seed, a->offset);
+        (const __nv_bfloat16 *)x, (__nv_bfloat16 *)cu_ptr(out[0]), n, a->dropout.p, a->seed, a->offset);
     break;
   default: rc = cu_bad_dtype(ctx, name, out[0]->dtype);
   }
@@ -108,11 +106,9 @@ static int dropout_run(rm_ctx *ctx, rm_tensor *const *in, rm_tensor *const *out,
 }
 
 RM_CUDA_KERNEL(dropout) {
-  (void)nin; (void)nout;
   return dropout_run(ctx, in, out, a, "dropout");
 }
 
 RM_CUDA_KERNEL(dropout_backward) {
-  (void)nin; (void)nout;
   return dropout_run(ctx, in, out, a, "dropout_backward");
 }

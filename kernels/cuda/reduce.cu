@@ -180,23 +180,20 @@ static void dims_of(const rm_tensor *t, int64_t dim, bool *red) {
 }
 
 RM_CUDA_KERNEL(sum) {
-  (void)nin; (void)nout;
   bool red[RM_MAX_DIM];
-  dims_of(in[0], a->i[0], red);
+  dims_of(in[0], a->reduce.dim, red);
   return sum_dims(ctx, in[0], out[0], red, 1.0);
 }
 
 RM_CUDA_KERNEL(mean) {
-  (void)nin; (void)nout;
   bool red[RM_MAX_DIM];
-  dims_of(in[0], a->i[0], red);
+  dims_of(in[0], a->reduce.dim, red);
   int64_t no = cu_numel(out[0]);
   double count = no ? (double)cu_numel(in[0]) / (double)no : 0.0;
   return sum_dims(ctx, in[0], out[0], red, count);
 }
 
 RM_CUDA_KERNEL(sum_to) {
-  (void)nin; (void)nout;
   bool red[RM_MAX_DIM];
   int off = in[0]->ndim - a->ndim;
   for (int d = 0; d < in[0]->ndim; d++)
@@ -290,13 +287,11 @@ static int max_run(rm_ctx *ctx, rm_tensor *xt, int64_t dim, rm_tensor *val, rm_t
 }
 
 RM_CUDA_KERNEL(max) {
-  (void)nin; (void)nout;
-  return max_run(ctx, in[0], a->i[0], out[0], out[1]);
+  return max_run(ctx, in[0], a->reduce.dim, out[0], out[1]);
 }
 
 RM_CUDA_KERNEL(argmax) {
-  (void)nin; (void)nout;
-  return max_run(ctx, in[0], a->i[0], NULL, out[0]);
+  return max_run(ctx, in[0], a->reduce.dim, NULL, out[0]);
 }
 
 /* ---- softmax family ---- */
@@ -441,21 +436,17 @@ static int softmax_bw_run(rm_ctx *ctx, rm_tensor *yt, rm_tensor *gt, rm_tensor *
 }
 
 RM_CUDA_KERNEL(softmax) {
-  (void)nin; (void)nout;
-  return softmax_run(ctx, in[0], out[0], a->i[0], false);
+  return softmax_run(ctx, in[0], out[0], a->axis.dim, false);
 }
 
 RM_CUDA_KERNEL(log_softmax) {
-  (void)nin; (void)nout;
-  return softmax_run(ctx, in[0], out[0], a->i[0], true);
+  return softmax_run(ctx, in[0], out[0], a->axis.dim, true);
 }
 
 RM_CUDA_KERNEL(softmax_backward) {
-  (void)nin; (void)nout;
-  return softmax_bw_run(ctx, in[0], in[1], out[0], a->i[0], false);
+  return softmax_bw_run(ctx, in[0], in[1], out[0], a->axis.dim, false);
 }
 
 RM_CUDA_KERNEL(log_softmax_backward) {
-  (void)nin; (void)nout;
-  return softmax_bw_run(ctx, in[0], in[1], out[0], a->i[0], true);
+  return softmax_bw_run(ctx, in[0], in[1], out[0], a->axis.dim, true);
 }

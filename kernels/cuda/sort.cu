@@ -43,8 +43,7 @@ __global__ void min_kernel(const T *x, T *val, T *idx, cu_cols c) {
 }
 
 RM_CUDA_KERNEL(min) {
-  (void)nin; (void)nout;
-  cu_cols c = cu_columns(in[0], a->i[0]);
+  cu_cols c = cu_columns(in[0], a->reduce.dim);
   int64_t m = c.outer * c.inner;
   if (m == 0 || c.n == 0) return RM_OK;
   cudaStream_t st = cu_st(ctx)->stream;
@@ -99,13 +98,11 @@ static int sort_run(rm_ctx *ctx, const char *op, rm_tensor *const *in, rm_tensor
 }
 
 RM_CUDA_KERNEL(sort) {
-  (void)nin; (void)nout;
-  return sort_run(ctx, "sort", in, out, a->i[0], cu_columns(in[0], a->i[0]).n, a->i[1] != 0);
+  return sort_run(ctx, "sort", in, out, a->sort.dim, cu_columns(in[0], a->sort.dim).n, a->sort.descending);
 }
 
 RM_CUDA_KERNEL(topk) {
-  (void)nin; (void)nout;
-  return sort_run(ctx, "topk", in, out, a->i[0], a->i[1], a->i[2] != 0);
+  return sort_run(ctx, "topk", in, out, a->topk.dim, a->topk.k, a->topk.largest);
 }
 
 /* ---- cumsum: a float64 running sum per column, rounded to T at each step ---- */
@@ -126,13 +123,12 @@ __global__ void cumsum_kernel(const T *x, T *y, cu_cols c, bool rev) {
 }
 
 RM_CUDA_KERNEL(cumsum) {
-  (void)nin; (void)nout;
-  cu_cols c = cu_columns(in[0], a->i[0]);
+  cu_cols c = cu_columns(in[0], a->cumsum.dim);
   int64_t m = c.outer * c.inner;
   if (m == 0 || c.n == 0) return RM_OK;
   cudaStream_t st = cu_st(ctx)->stream;
   CU_DISPATCH(ctx, "cumsum", in[0]->dtype,
               cumsum_kernel<T><<<cu_blocks(m), CU_THREADS, 0, st>>>((const T *)cu_ptr(in[0]),
-                                                                   (T *)cu_ptr(out[0]), c, a->i[1] != 0));
+                                                                   (T *)cu_ptr(out[0]), c, a->cumsum.reverse));
   return CU_LAUNCHED(ctx, "cumsum kernel");
 }

@@ -142,8 +142,8 @@ function dist.all_gather(t, opts)
   local shape = C.info(t)
   local n, out = #shape == 0 and 1 or shape[1], {}
   for r = 1, S.size do
-    local piece = C.op("narrow", { i = { 0, (r - 1) * n, n } }, all)
-    out[r] = #shape == 0 and C.op("view", { shape = {} }, piece) or piece
+    local piece = C.op(C.ops.narrow, { dim = 0, start = (r - 1) * n, length = n }, all)
+    out[r] = #shape == 0 and C.op(C.ops.view, { shape = {} }, piece) or piece
   end
   C.free(all)
   return out
@@ -333,10 +333,10 @@ function dist.ShardedAdamW(params, opts)
 
   -- Views without history, each freed at once by the caller: a view left to the
   -- collector would keep a dropped gradient's memory alive.
-  local function slice(t, a, n) return C.op("narrow", { i = { 0, a, n } }, t) end
+  local function slice(t, a, n) return C.op(C.ops.narrow, { dim = 0, start = a, length = n }, t) end
   local function flat(t, n, a, len)
     local d = C.detach(t)
-    local v = C.op("view", { shape = { n } }, d)
+    local v = C.op(C.ops.view, { shape = { n } }, d)
     C.free(d)
     if not a then return v end
     local s = slice(v, a, len)
@@ -360,12 +360,9 @@ function dist.ShardedAdamW(params, opts)
           s.state[k] = st
         end
         st.step = st.step + 1
-        local gc = C.is_contiguous(g) and g or C.op("copy", nil, g)
+        local gc = C.is_contiguous(g) and g or C.op(C.ops.copy, nil, g)
         local pv, gv = flat(p, layout[pc.i].n, pc.a, pc.n), flat(gc, layout[pc.i].n, pc.a, pc.n)
-        C.op_into("adamw_step", {
-          f = { s.lr, s.betas[1], s.betas[2], s.eps },
-          i = { st.step, 1, C.double_bits(s.weight_decay) },
-        }, { pv, gv, st.exp_avg, st.exp_avg_sq }, { pv, st.exp_avg, st.exp_avg_sq })
+        C.op_into(C.ops.adamw_step, { lr = s.lr, beta1 = s.betas[1], beta2 = s.betas[2], eps = s.eps, step = st.step, decoupled = true, weight_decay = s.weight_decay }, { pv, gv, st.exp_avg, st.exp_avg_sq }, { pv, st.exp_avg, st.exp_avg_sq })
         C.free(pv); C.free(gv)
         if not rawequal(gc, g) then C.free(gc) end
         C.free(g)

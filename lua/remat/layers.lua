@@ -14,6 +14,12 @@ local fail = remat._fail
 local is_tensor = remat.is_tensor
 local op = C.op
 
+-- unfold's attributes from a geometry list { kh, kw, sh, sw, ph, pw, dh, dw }.
+local function window(g, pad_value)
+  return { kh = g[1], kw = g[2], stride_h = g[3], stride_w = g[4], pad_h = g[5], pad_w = g[6],
+           dilation_h = g[7], dilation_w = g[8], pad_value = pad_value }
+end
+
 local function pair(fn, what, v, default)
   if v == nil then v = default end
   if type(v) == "number" then v = { v, v } end
@@ -105,7 +111,7 @@ function nn.Conv2d(cin, cout, kernel, opts)
     local G, co = self.groups, self.out_channels
     -- intermediates are freed as soon as they are used (the tape keeps what backward
     -- needs): Lua's collector does not see their memory
-    local cols <close> = op("unfold", { shape = geo, f = { 0 } }, x)               -- (B, in*kh*kw, L)
+    local cols <close> = op(C.ops.unfold, window(geo, 0), x)                           -- (B, in*kh*kw, L)
     local kk = self.in_channels // G * geo[1] * geo[2]
     local L = ho * wo
     local weight <close> = self.weight
@@ -115,7 +121,7 @@ function nn.Conv2d(cin, cout, kernel, opts)
       local ct <close> = cols:transpose(2, 3)
       local rows <close> = ct:reshape(s[1] * L, kk)                                -- (B*L, in*kh*kw)
       local w <close> = weight:view(co, kk)
-      local y <close> = bias and op("linear", nil, rows, w, bias) or op("linear", nil, rows, w) -- (B*L, out)
+      local y <close> = bias and op(C.ops.linear, nil, rows, w, bias) or op(C.ops.linear, nil, rows, w) -- (B*L, out)
       local y3 <close> = y:view(s[1], L, co)
       local yt <close> = y3:transpose(2, 3)
       return yt:reshape(s[1], co, ho, wo)
@@ -150,7 +156,7 @@ local function pool(kind, kernel, opts)
       local s = check_image(kind, x)
       local geo = self.geometry
       local ho, wo = out_hw(x, geo)
-      local cols <close> = op("unfold", { shape = geo, f = { is_max and -math.huge or 0 } }, x)
+      local cols <close> = op(C.ops.unfold, window(geo, is_max and -math.huge or 0), x)
       local w <close> = cols:view(s[1], s[2], geo[1] * geo[2], ho * wo)
       if is_max then
         local r, idx = w:max(3)

@@ -183,21 +183,21 @@ end
 local function master_of(st, p)
   if not low_precision(p) then return p end
   if not st.master then
-    st.master = C.scoped("optim", false, C.op, "cast", { i = { F32_ID } }, p)
+    st.master = C.scoped("optim", false, C.op, C.ops.cast, { dtype = F32_ID }, p)
   end
   return st.master
 end
 
 -- After an update of a master: the rounded master back into the bfloat16 parameter.
 local function store_master(p, w)
-  if w ~= p then C.op_into("cast", { i = { BF16_ID } }, { w }, { p }) end
+  if w ~= p then C.op_into(C.ops.cast, { dtype = BF16_ID }, { w }, { p }) end
 end
 
 -- The gradient of p as a contiguous tensor the caller frees, or nil when p has none.
 local function grad_of(p)
   local g = C.grad(p)
   if g and not C.is_contiguous(g) then
-    local c = C.op("copy", nil, g)
+    local c = C.op(C.ops.copy, nil, g)
     C.free(g)
     g = c
   end
@@ -368,20 +368,21 @@ function optim.SGD(params, opts)
   end
   self._update = function(s, i, p, g)
     local st = s.state[i]
-    local attrs = { f = { s.lr, s.momentum, s.weight_decay, s.dampening }, i = { s.nesterov and 1 or 0, 0 } }
+    local attrs = { lr = s.lr, momentum = s.momentum, weight_decay = s.weight_decay, dampening = s.dampening,
+                    nesterov = s.nesterov and true or false, first = false }
     if not st and low_precision(p) then
       st = {}
       s.state[i] = st
     end
     local w = st and master_of(st, p) or p
     if s.momentum == 0 then
-      C.op_into("sgd_step", attrs, { w, g, w }, { w, w })
+      C.op_into(C.ops.sgd_step, attrs, { w, g, w }, { w, w })
       store_master(p, w)
       return
     end
-    if st.first then attrs.i[2], st.first = 1, nil end
+    if st.first then attrs.first, st.first = true, nil end
     local b = st.momentum_buffer
-    C.op_into("sgd_step", attrs, { w, g, b }, { w, b })
+    C.op_into(C.ops.sgd_step, attrs, { w, g, b }, { w, b })
     store_master(p, w)
   end
   self._missing_bytes = function(s, i, p)
@@ -424,10 +425,7 @@ local function adam(kind, decoupled, default_wd)
       st.step = st.step + 1
       local m, v = st.exp_avg, st.exp_avg_sq
       local w = master_of(st, p)
-      C.op_into("adamw_step", {
-        f = { s.lr, s.betas[1], s.betas[2], s.eps },
-        i = { st.step, decoupled and 1 or 0, C.double_bits(s.weight_decay) },
-      }, { w, g, m, v }, { w, m, v })
+      C.op_into(C.ops.adamw_step, { lr = s.lr, beta1 = s.betas[1], beta2 = s.betas[2], eps = s.eps, step = st.step, decoupled = decoupled and true or false, weight_decay = s.weight_decay }, { w, g, m, v }, { w, m, v })
       store_master(p, w)
     end
     self._missing_bytes = function(s, i, p)
@@ -517,9 +515,9 @@ function optim.RMSprop(params, opts)
     -- unused states: the parameter stands in (the kernel leaves an aliased one alone)
     local b = s.momentum > 0 and st.momentum_buffer or w
     local ga = s.centered and st.grad_avg or w
-    C.op_into("rmsprop_step", {
-      f = { s.lr, s.alpha, s.eps, s.momentum },
-      i = { C.double_bits(s.weight_decay), s.centered and 1 or 0 },
+    C.op_into(C.ops.rmsprop_step, {
+      lr = s.lr, alpha = s.alpha, eps = s.eps, momentum = s.momentum, weight_decay = s.weight_decay,
+      centered = s.centered and true or false,
     }, { w, g, st.square_avg, b, ga }, { w, st.square_avg, b, ga })
     store_master(p, w)
   end
@@ -596,15 +594,15 @@ function optim.clip_grad_norm(params, max_norm)
       if g then
         grads[#grads + 1] = g
         local _, gdt, dev = C.info(g)
-        local x = gdt == "bfloat16" and C.op("cast", { i = { F32_ID } }, g) or g
-        local sq = C.op("mul", nil, x, x)
+        local x = gdt == "bfloat16" and C.op(C.ops.cast, { dtype = F32_ID }, g) or g
+        local sq = C.op(C.ops.mul, nil, x, x)
         if x ~= g then C.free(x) end
-        local s = C.op("sum", { i = { DIM_ALL, 0 } }, sq)
+        local s = C.op(C.ops.sum, { dim = DIM_ALL, keepdim = false }, sq)
         C.free(sq)
-        local s64 = C.op("cast", { i = { F64_ID } }, s)
+        local s64 = C.op(C.ops.cast, { dtype = F64_ID }, s)
         C.free(s)
         if acc[dev] then
-          local t = C.op("add", nil, acc[dev], s64)
+          local t = C.op(C.ops.add, nil, acc[dev], s64)
           C.free(acc[dev])
           C.free(s64)
           acc[dev] = t
@@ -629,7 +627,7 @@ function optim.clip_grad_norm(params, max_norm)
     local coef = max_norm / (total + 1e-6)
     if coef < 1 then
       ok, err = pcall(function()
-        for _, g in ipairs(grads) do C.op_into("mul_scalar", { f = { coef } }, { g }, { g }) end
+        for _, g in ipairs(grads) do C.op_into(C.ops.mul_scalar, { value = coef }, { g }, { g }) end
       end)
     end
   end
@@ -661,16 +659,16 @@ function optim.clip_grad_value(params, clip_value)
   if type(clip_value) ~= "number" or not (clip_value >= 0) then
     fail(("%s: clip_value must be a number >= 0, got %s"):format(fn, describe(clip_value)))
   end
-  local attrs = { f = { -clip_value, clip_value } }
+  local attrs = { lo = -clip_value, hi = clip_value }
   for _, p in ipairs(params) do
     local g = C.grad(p)
     if g then
       local ok, err
       if C.is_contiguous(g) then
-        ok, err = pcall(C.op_into, "clamp", attrs, { g }, { g })
+        ok, err = pcall(C.op_into, C.ops.clamp, attrs, { g }, { g })
       else -- a strided gradient: the clamped copy becomes the gradient
         ok, err = pcall(function()
-          local c = C.scoped("grad", false, C.op, "clamp", attrs, g)
+          local c = C.scoped("grad", false, C.op, C.ops.clamp, attrs, g)
           C.set_grad(p, c)
           C.free(c)
         end)

@@ -18,7 +18,9 @@ local mt = C.Tensor_mt
 local Tensor = remat.Tensor or {}
 remat.Tensor = Tensor
 
-local op = C.op
+-- C.op takes an op id (C.ops: name -> id) and the op's attributes by name, as
+-- core/ops.def declares them: op(O.sum, { dim = 0, keepdim = true }, x).
+local op, O = C.op, C.ops
 local DIM_ALL = math.mininteger
 local DTYPE_ID, DEVICE_ID = C.dtypes, C.devices
 local DTYPE_ALIAS = { float = "float32", double = "float64", half = "float16", bf16 = "bfloat16" }
@@ -151,7 +153,7 @@ local function place(t, o)
     t = m
   end
   if select(2, C.info(t)) ~= o.dtype then
-    local c = op("cast", { i = { DTYPE_ID[o.dtype] } }, t)
+    local c = op(O.cast, { dtype = DTYPE_ID[o.dtype] }, t)
     C.free(t)
     t = c
   end
@@ -181,9 +183,10 @@ function remat.ones(...)
 end
 
 local function random(name)
+  local id = O[name]
   return function(...)
     local s, o = sizes_opts("remat." .. name, ...)
-    return finish(op(name, { i = { DTYPE_ID[o.dtype], DEVICE_ID[o.device] }, shape = s }), o)
+    return finish(op(id, { dtype = DTYPE_ID[o.dtype], device = DEVICE_ID[o.device], shape = s }), o)
   end
 end
 remat.rand = random("rand")     -- uniform in [0, 1)
@@ -295,7 +298,7 @@ end
 local function readable(x)
   local _, dt, dev = info(x)
   local t, owned = x, false
-  if dt ~= "float32" and dt ~= "float64" then t, owned = op("cast", { i = { DTYPE_ID.float32 } }, t), true end
+  if dt ~= "float32" and dt ~= "float64" then t, owned = op(O.cast, { dtype = DTYPE_ID.float32 }, t), true end
   if dev ~= "cpu" then
     local m = C.to_device(t, "cpu")
     if owned then C.free(t) end
@@ -353,36 +356,36 @@ local function target_sizes(fn, x, ...)
   return out
 end
 
-function Tensor:view(...) return op("view", { shape = target_sizes("view", self, ...) }, self) end
+function Tensor:view(...) return op(O.view, { shape = target_sizes("view", self, ...) }, self) end
 
 function Tensor:reshape(...)
   local s = target_sizes("reshape", self, ...)
-  if C.is_contiguous(self) then return op("view", { shape = s }, self) end
-  local c = op("copy", nil, self)
-  local v = op("view", { shape = s }, c)
+  if C.is_contiguous(self) then return op(O.view, { shape = s }, self) end
+  local c = op(O.copy, nil, self)
+  local v = op(O.view, { shape = s }, c)
   C.free(c)
   return v
 end
 
 -- A new handle on the same data (with autograd history): what no-op conversions return.
-local function alias(x) return op("expand", { shape = info(x) }, x) end
+local function alias(x) return op(O.expand, { shape = info(x) }, x) end
 
 function Tensor:contiguous()
   if C.is_contiguous(self) then return alias(self) end
-  return op("copy", nil, self)
+  return op(O.copy, nil, self)
 end
 
-function Tensor:clone() return op("copy", nil, self) end
+function Tensor:clone() return op(O.copy, nil, self) end
 
 function Tensor:transpose(a, b)
   local nd = #info(self)
-  return op("transpose", { i = { cdim("transpose", a, nd), cdim("transpose", b, nd) } }, self)
+  return op(O.transpose, { dim0 = cdim("transpose", a, nd), dim1 = cdim("transpose", b, nd) }, self)
 end
 
 function Tensor:t()
   local nd = #info(self)
   if nd ~= 2 then fail(("t: expected a 2-d tensor, got a %d-d one (use transpose)"):format(nd)) end
-  return op("transpose", { i = { 0, 1 } }, self)
+  return op(O.transpose, { dim0 = 0, dim1 = 1 }, self)
 end
 
 -- 1-based position (negative counts from the end) -> 0-based, checked against size.
@@ -406,14 +409,14 @@ function Tensor:narrow(dim, start, len)
   if st == 0 or j < 0 or j + len > s[d + 1] then
     fail(("narrow: start %d and length %d are out of range for dimension %d of size %d"):format(st, len, dim, s[d + 1]))
   end
-  return op("narrow", { i = { d, j, len } }, self)
+  return op(O.narrow, { dim = d, start = j, length = len }, self)
 end
 
 function Tensor:select(dim, i)
   local s = info(self)
   if #s == 0 then fail("select: cannot select from a 0-d tensor (use :item())") end
   local d = cdim("select", dim, #s)
-  return op("select", { i = { d, cindex("select", i, s[d + 1], "index") } }, self)
+  return op(O.select, { dim = d, index = cindex("select", i, s[d + 1], "index") }, self)
 end
 
 -- expand(sizes): sizes of 1 stretch, -1 keeps a size, new leading dimensions are allowed.
@@ -433,7 +436,7 @@ function Tensor:expand(...)
     end
     out[i] = v
   end
-  return op("expand", { shape = out }, self)
+  return op(O.expand, { shape = out }, self)
 end
 
 -- unsqueeze(dim): a new size-1 dimension at dim (1..dim()+1; -1 appends one).
@@ -443,13 +446,13 @@ function Tensor:unsqueeze(dim)
   if d == 0 or d > nd + 1 or d < -(nd + 1) then
     fail(("unsqueeze: dimension %d is out of range for a %d-d tensor (1..%d, or -1..-%d)"):format(d, nd, nd + 1, nd + 1))
   end
-  return op("unsqueeze", { i = { d > 0 and d - 1 or d } }, self)
+  return op(O.unsqueeze, { dim = d > 0 and d - 1 or d }, self)
 end
 
 -- squeeze([dim]): drops dim if its size is 1 (every size-1 dimension without dim).
 function Tensor:squeeze(dim)
-  if dim == nil then return op("squeeze", { i = { DIM_ALL } }, self) end
-  return op("squeeze", { i = { cdim("squeeze", dim, #info(self)) } }, self)
+  if dim == nil then return op(O.squeeze, { dim = DIM_ALL }, self) end
+  return op(O.squeeze, { dim = cdim("squeeze", dim, #info(self)) }, self)
 end
 
 -- permute(d1, d2, ...) or permute{...}: output dimension k is input dimension dk (a view).
@@ -460,7 +463,7 @@ function Tensor:permute(...)
   if #p ~= nd then fail(("permute: %d dimensions given for a %d-d tensor"):format(#p, nd)) end
   local perm = {}
   for k = 1, nd do perm[k] = cdim("permute", p[k], nd) end
-  return op("permute", { shape = perm }, self)
+  return op(O.permute, { dims = perm }, self)
 end
 
 -- repeat_tensor(r1, r2, ...) or repeat_tensor{...}: self tiled r_k times along each
@@ -485,10 +488,10 @@ function Tensor:repeat_tensor(...)
     final[k] = c * s
   end
   local v = self:contiguous()
-  local v2 = op("view", { shape = src }, v)
-  local e = op("expand", { shape = expd }, v2)
-  local c = op("copy", nil, e)
-  local out = op("view", { shape = final }, c)
+  local v2 = op(O.view, { shape = src }, v)
+  local e = op(O.expand, { shape = expd }, v2)
+  local c = op(O.copy, nil, e)
+  local out = op(O.view, { shape = final }, c)
   C.free(v); C.free(v2); C.free(e); C.free(c)
   return out
 end
@@ -504,34 +507,35 @@ local function scalar_like(v, x)
 end
 
 local function binary(name, scalar_right, scalar_left)
+  local id = O[name]
   return function(a, b)
     if type(b) == "number" and is_tensor(a) then return scalar_right(a, b) end
     if type(a) == "number" and is_tensor(b) then return scalar_left(a, b) end
-    return op(name, nil, a, b)
+    return op(id, nil, a, b)
   end
 end
 
-local function neg(x) return op("neg", nil, x) end
+local function neg(x) return op(O.neg, nil, x) end
 
-mt.__add = binary("add", function(x, s) return op("add_scalar", { f = { s } }, x) end,
-                  function(s, x) return op("add_scalar", { f = { s } }, x) end)
-mt.__sub = binary("sub", function(x, s) return op("add_scalar", { f = { -s } }, x) end,
+mt.__add = binary("add", function(x, s) return op(O.add_scalar, { value = s }, x) end,
+                  function(s, x) return op(O.add_scalar, { value = s }, x) end)
+mt.__sub = binary("sub", function(x, s) return op(O.add_scalar, { value = -s }, x) end,
                   function(s, x)
                     local n = neg(x)
-                    local r = op("add_scalar", { f = { s } }, n)
+                    local r = op(O.add_scalar, { value = s }, n)
                     C.free(n)
                     return r
                   end)
-mt.__mul = binary("mul", function(x, s) return op("mul_scalar", { f = { s } }, x) end,
-                  function(s, x) return op("mul_scalar", { f = { s } }, x) end)
+mt.__mul = binary("mul", function(x, s) return op(O.mul_scalar, { value = s }, x) end,
+                  function(s, x) return op(O.mul_scalar, { value = s }, x) end)
 -- x / s multiplies by 1/s (one rounding more than a true division, much faster than broadcasting)
-mt.__div = binary("div", function(x, s) return op("mul_scalar", { f = { 1 / s } }, x) end,
-                  function(s, x) return op("rdiv_scalar", { f = { s } }, x) end)
-mt.__pow = binary("pow", function(x, s) return op("pow_scalar", { f = { s } }, x) end,
+mt.__div = binary("div", function(x, s) return op(O.mul_scalar, { value = 1 / s }, x) end,
+                  function(s, x) return op(O.rdiv_scalar, { value = s }, x) end)
+mt.__pow = binary("pow", function(x, s) return op(O.pow_scalar, { value = s }, x) end,
                   function(s, x)
                     if s <= 0 then fail(("pow: %s ^ tensor needs a positive base"):format(s)) end
-                    local m = op("mul_scalar", { f = { math.log(s) } }, x)
-                    local r = op("exp", nil, m)
+                    local m = op(O.mul_scalar, { value = math.log(s) }, x)
+                    local r = op(O.exp, nil, m)
                     C.free(m)
                     return r
                   end)
@@ -544,28 +548,29 @@ Tensor.mul = mt.__mul
 Tensor.div = mt.__div
 Tensor.neg = neg
 function Tensor:pow(e)
-  if type(e) == "number" then return op("pow_scalar", { f = { e } }, self) end
-  return op("pow", nil, self, e)
+  if type(e) == "number" then return op(O.pow_scalar, { value = e }, self) end
+  return op(O.pow, nil, self, e)
 end
 
-function Tensor:matmul(other) return op("matmul", nil, self, other) end
+function Tensor:matmul(other) return op(O.matmul, nil, self, other) end
 Tensor.mm = Tensor.matmul
 
 for _, name in ipairs({ "exp", "log", "tanh", "sqrt", "abs", "sigmoid", "relu", "gelu", "silu" }) do
-  Tensor[name] = function(self) return op(name, nil, self) end
+  local id = O[name]
+  Tensor[name] = function(self) return op(id, nil, self) end
 end
 
 -- Reductions: dim nil reduces everything (to a 0-d tensor).
 local function reduce_attrs(fn, x, dim, keepdim)
-  if dim == nil then return { i = { DIM_ALL, keepdim and 1 or 0 } } end
-  return { i = { cdim(fn, dim, #info(x)), keepdim and 1 or 0 } }
+  if dim == nil then return { dim = DIM_ALL, keepdim = keepdim and true or false } end
+  return { dim = cdim(fn, dim, #info(x)), keepdim = keepdim and true or false }
 end
 
-function Tensor:sum(dim, keepdim) return op("sum", reduce_attrs("sum", self, dim, keepdim), self) end
-function Tensor:mean(dim, keepdim) return op("mean", reduce_attrs("mean", self, dim, keepdim), self) end
+function Tensor:sum(dim, keepdim) return op(O.sum, reduce_attrs("sum", self, dim, keepdim), self) end
+function Tensor:mean(dim, keepdim) return op(O.mean, reduce_attrs("mean", self, dim, keepdim), self) end
 -- max(dim) -> values, indices (1-based); max() -> the largest value as a 0-d tensor.
 function Tensor:max(dim, keepdim)
-  local v, i = op("max", reduce_attrs("max", self, dim, keepdim), self)
+  local v, i = op(O.max, reduce_attrs("max", self, dim, keepdim), self)
   if dim == nil then
     C.free(i)
     return v
@@ -574,7 +579,7 @@ function Tensor:max(dim, keepdim)
 end
 -- min(dim) -> values, indices (1-based, the first minimum); min() -> the smallest value.
 function Tensor:min(dim, keepdim)
-  local v, i = op("min", reduce_attrs("min", self, dim, keepdim), self)
+  local v, i = op(O.min, reduce_attrs("min", self, dim, keepdim), self)
   if dim == nil then
     C.free(i)
     return v
@@ -586,7 +591,7 @@ end
 function Tensor:clamp(lo, hi)
   if lo ~= nil and type(lo) ~= "number" then fail("clamp: the lower bound must be a number or nil, got " .. describe(lo)) end
   if hi ~= nil and type(hi) ~= "number" then fail("clamp: the upper bound must be a number or nil, got " .. describe(hi)) end
-  return op("clamp", { f = { lo or -math.huge, hi or math.huge } }, self)
+  return op(O.clamp, { lo = lo or -math.huge, hi = hi or math.huge }, self)
 end
 
 -- sort([dim [, descending]]) -> values, indices (1-based): a stable sort along dim
@@ -594,7 +599,7 @@ end
 function Tensor:sort(dim, descending)
   local nd = #info(self)
   if nd == 0 then fail("sort: expected at least a 1-d tensor, got a 0-d one") end
-  return op("sort", { i = { dim == nil and nd - 1 or cdim("sort", dim, nd), descending and 1 or 0 } }, self)
+  return op(O.sort, { dim = dim == nil and nd - 1 or cdim("sort", dim, nd), descending = descending and true or false }, self)
 end
 
 -- topk(k [, dim [, largest]]) -> values, indices (1-based) of the k largest (largest
@@ -603,36 +608,37 @@ function Tensor:topk(k, dim, largest)
   local nd = #info(self)
   if nd == 0 then fail("topk: expected at least a 1-d tensor, got a 0-d one") end
   k = check_int("topk", k, "k")
-  return op("topk", { i = { dim == nil and nd - 1 or cdim("topk", dim, nd), k, largest == false and 0 or 1 } }, self)
+  return op(O.topk, { dim = dim == nil and nd - 1 or cdim("topk", dim, nd), k = k, largest = not (largest == false) }, self)
 end
 
 -- cumsum(dim): running sums along dim (accumulated in float64).
 function Tensor:cumsum(dim)
   local nd = #info(self)
   if dim == nil then fail("cumsum: the dimension is required") end
-  return op("cumsum", { i = { cdim("cumsum", dim, nd), 0 } }, self)
+  return op(O.cumsum, { dim = cdim("cumsum", dim, nd), reverse = false }, self)
 end
 
-function Tensor:argmax(dim, keepdim) return op("argmax", reduce_attrs("argmax", self, dim, keepdim), self) end
+function Tensor:argmax(dim, keepdim) return op(O.argmax, reduce_attrs("argmax", self, dim, keepdim), self) end
 
 -- softmax(dim) / log_softmax(dim); dim defaults to the last one.
 function Tensor:softmax(dim)
-  return op("softmax", { i = { dim == nil and -1 or cdim("softmax", dim, #info(self)) } }, self)
+  return op(O.softmax, { dim = dim == nil and -1 or cdim("softmax", dim, #info(self)) }, self)
 end
 function Tensor:log_softmax(dim)
-  return op("log_softmax", { i = { dim == nil and -1 or cdim("log_softmax", dim, #info(self)) } }, self)
+  return op(O.log_softmax, { dim = dim == nil and -1 or cdim("log_softmax", dim, #info(self)) }, self)
 end
 
 -- Comparisons give 1 (true) or 0 (false) in the tensors' dtype.
 for _, name in ipairs({ "eq", "ne", "lt", "le", "gt", "ge" }) do
+  local id = O[name]
   Tensor[name] = function(self, other)
     if type(other) == "number" then
       local s = scalar_like(other, self)
-      local r = op(name, nil, self, s)
+      local r = op(id, nil, self, s)
       C.free(s)
       return r
     end
-    return op(name, nil, self, other)
+    return op(id, nil, self, other)
   end
 end
 
@@ -658,7 +664,7 @@ function remat.where(cond, a, b)
   local tmp = {}
   if type(a) == "number" then a = scalar_like(a, like); tmp[#tmp + 1] = a end
   if type(b) == "number" then b = scalar_like(b, like); tmp[#tmp + 1] = b end
-  local r = op("where", nil, cond, a, b)
+  local r = op(O.where, nil, cond, a, b)
   for _, t in ipairs(tmp) do C.free(t) end
   return r
 end
@@ -679,7 +685,7 @@ function remat.cat(list, dim)
   if type(list) ~= "table" or is_tensor(list) then fail(fn .. ": expected a list of tensors, got " .. describe(list)) end
   if #list == 0 then fail(fn .. ": the list is empty") end
   for i = 1, #list do check_tensor(fn, list[i], "element " .. i) end
-  return op("concat", { i = { cdim(fn, dim or 1, #info(list[1])) } }, table.unpack(list))
+  return op(O.concat, { dim = cdim(fn, dim or 1, #info(list[1])) }, table.unpack(list))
 end
 
 -- Index tensors: tensors, or Lua tables of 1-based indices (converted to x's dtype and device).
@@ -691,14 +697,14 @@ end
 
 function Tensor:gather(dim, idx)
   local i, owned = index_arg("gather", self, idx)
-  local r = op("gather", { i = { cdim("gather", dim, #info(self)) } }, self, i)
+  local r = op(O.gather, { dim = cdim("gather", dim, #info(self)) }, self, i)
   if owned then C.free(i) end
   return r
 end
 
 function Tensor:index_select(dim, idx)
   local i, owned = index_arg("index_select", self, idx)
-  local r = op("index_select", { i = { cdim("index_select", dim, #info(self)) } }, self, i)
+  local r = op(O.index_select, { dim = cdim("index_select", dim, #info(self)) }, self, i)
   if owned then C.free(i) end
   return r
 end
@@ -731,14 +737,14 @@ function Tensor:to(what)
     -- a cast to bfloat16/float16 happens on the device that supports it
     if o.dtype and o.dtype ~= dt and o.device ~= "cpu" then
       x = C.to_device(x, o.device)
-      local c = op("cast", { i = { DTYPE_ID[o.dtype] } }, x)
+      local c = op(O.cast, { dtype = DTYPE_ID[o.dtype] }, x)
       C.free(x)
       return c
     end
     x, owned = C.to_device(x, o.device), true
   end
   if o.dtype and o.dtype ~= dt then
-    local c = op("cast", { i = { DTYPE_ID[o.dtype] } }, x)
+    local c = op(O.cast, { dtype = DTYPE_ID[o.dtype] }, x)
     if owned then C.free(x) end
     return c
   end

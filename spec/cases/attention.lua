@@ -85,7 +85,7 @@ local function attention_bw_ref(qv, kv, vv, gv, qshape, Tk, causal, scale)
 end
 
 return function(K)
-  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local tol = K.dtype == "float32" and 2e-5 or 1e-10
   local raises = kit.raises
   local function kshape(qshape, Tk)
@@ -104,12 +104,12 @@ return function(K)
     for i = 1, kit.numel(shape) do v[i] = 0 end
     return K.tensor(v, shape)
   end
-  local function attrs(causal, scale) return { i = { causal and 1 or 0 }, f = { scale or 0 } } end
+  local function attrs(causal, scale) return { causal = causal and true or false, scale = scale or 0 } end
   -- A (B, H, T, D) view of a contiguous (B, T, H, D) tensor (rows H*D apart), as the
   -- module passes q, k, v: the CPU kernels read such views in place.
   local function packed(shape)
     local base = K.rand({ shape[1], shape[3], shape[2], shape[4] })
-    local t = op("transpose", { i = { 1, 2 } }, base)
+    local t = op("transpose", { dim0 = 1, dim1 = 2 }, base)
     return t, C.flat(t)
   end
 
@@ -128,7 +128,7 @@ return function(K)
   -- y and lse through op_into (contiguous inputs; outputs preallocated).
   local function with_lse(q, k, v, qshape, causal, scale)
     local y, lse = zeros(qshape), zeros(lead(qshape))
-    C.op_into("attention", attrs(causal, scale), { q, k, v }, { y, lse })
+    C.op_into(C.ops.attention, attrs(causal, scale), { q, k, v }, { y, lse })
     return y, lse
   end
 
@@ -209,7 +209,7 @@ return function(K)
       raises("must be (..., T, head_dim)", op, "attention", nil, (K.rand({ 4 })), (K.rand({ 4 })), (K.rand({ 4 })))
       raises("at least as many keys as queries (3 queries, 2 keys)", op, "attention", attrs(true), q,
         (K.rand({ 2, 2, 4 })), (K.rand({ 2, 2, 4 })))
-      raises("causal (i[0]) must be 0 or 1", op, "attention", { i = { 2 } }, q, q, q)
+      raises("attribute 'causal' must be a boolean, got number", op, "attention", { causal = 2 }, q, q, q)
       raises("takes 3 inputs", op, "attention", nil, q, q)
       local other = K.dtype == "float32" and "float64" or "float32"
       if K.device == "cpu" then
@@ -270,9 +270,9 @@ return function(K)
           leaves[i] = op("copy", nil, t)
           C.requires_grad(leaves[i], true)
         end
-        local s = op("matmul", nil, leaves[1], op("transpose", { i = { 1, 2 } }, leaves[2]))
-        s = op("mul_scalar", { f = { 0.5 } }, s)
-        local p = op("softmax", { i = { -1 } }, op("causal_mask", nil, s))
+        local s = op("matmul", nil, leaves[1], op("transpose", { dim0 = 1, dim1 = 2 }, leaves[2]))
+        s = op("mul_scalar", { value = 0.5 }, s)
+        local p = op("softmax", { dim = -1 }, op("causal_mask", nil, s))
         C.backward(op("matmul", nil, p, leaves[3]), gy)
         local ctol = K.dtype == "float32" and 1e-5 or 1e-12
         K.check(gq, C.flat(C.grad(leaves[1])), shape, ctol, "gq")

@@ -69,19 +69,26 @@ local GEOS = {
 }
 
 return function(K)
-  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
+  -- unfold/fold attributes from a geometry list { kh, kw, sh, sw, ph, pw, dh, dw }
+  local function window(g, more)
+    local a = { kh = g[1], kw = g[2], stride_h = g[3], stride_w = g[4], pad_h = g[5], pad_w = g[6],
+                dilation_h = g[7], dilation_w = g[8] }
+    for k, v in pairs(more or {}) do a[k] = v end
+    return a
+  end
   local function host(t) return C.flat(K.device == "cpu" and t or C.to_device(t, "cpu")) end
 
   local function check_unfold(x, shape, g, pad)
     local e, oshape = unfold_ref(host(x), shape[1], shape[2], shape[3], shape[4], g, pad or 0)
-    K.check(op("unfold", { shape = g, f = { pad or 0 } }, x), e, oshape)
+    K.check(op("unfold", window(g, { pad_value = pad or 0 }), x), e, oshape)
   end
 
   local function check_fold(B, Cc, H, W, g)
     local kh, kw, sh, sw, ph, pw, dh, dw = table.unpack(g)
     local L = out_size(H, kh, sh, ph, dh) * out_size(W, kw, sw, pw, dw)
     local c = K.rand_stored({ B, Cc * kh * kw, L })
-    K.check(op("fold", { shape = g, i = { H, W } }, c), fold_ref(host(c), B, Cc, H, W, g), { B, Cc, H, W }, K.dtype == "float32" and 1e-5 or nil)
+    K.check(op("fold", window(g, { height = H, width = W }), c), fold_ref(host(c), B, Cc, H, W, g), { B, Cc, H, W }, K.dtype == "float32" and 1e-5 or nil)
   end
 
   local cases = {
@@ -98,7 +105,7 @@ return function(K)
         end,
         ["non-contiguous input"] = function()
           local base = K.rand({ 2, 3, 7, 5 })
-          local x = op("transpose", { i = { 2, 3 } }, base)
+          local x = op("transpose", { dim0 = 2, dim1 = 3 }, base)
           check_unfold(x, { 2, 3, 5, 7 }, GEOS[2].g)
         end,
         ["padding value -inf (max pooling) and NaN inputs"] = function()
@@ -109,15 +116,15 @@ return function(K)
         end,
         ["bad geometry and shapes are errors"] = function()
           local x = K.rand({ 1, 1, 3, 3 })
-          kit.raises("unfold: a 4x4 window", op, "unfold", { shape = { 4, 4, 1, 1, 0, 0, 1, 1 } }, x)
-          kit.raises("must be >= 1", op, "unfold", { shape = { 2, 2, 0, 1, 0, 0, 1, 1 } }, x)
-          kit.raises("unfold: expected a 4-d input", op, "unfold", { shape = { 1, 1, 1, 1, 0, 0, 1, 1 } }, (K.rand({ 3, 3 })))
+          kit.raises("unfold: a 4x4 window", op, "unfold", window({ 4, 4, 1, 1, 0, 0, 1, 1 }), x)
+          kit.raises("must be >= 1", op, "unfold", window({ 2, 2, 0, 1, 0, 0, 1, 1 }), x)
+          kit.raises("unfold: expected a 4-d input", op, "unfold", window({ 1, 1, 1, 1, 0, 0, 1, 1 }), (K.rand({ 3, 3 })))
         end,
       },
       grad = {
         ["3x3 stride 2 padding 1, and dilated"] = function()
-          kit.gradcheck(function(x) return op("unfold", { shape = GEOS[2].g }, x) end, { { shape = { 2, 2, 5, 4 } } })
-          kit.gradcheck(function(x) return op("unfold", { shape = GEOS[3].g }, x) end, { { shape = { 1, 2, 5, 6 } } })
+          kit.gradcheck(function(x) return op("unfold", window(GEOS[2].g), x) end, { { shape = { 2, 2, 5, 4 } } })
+          kit.gradcheck(function(x) return op("unfold", window(GEOS[3].g), x) end, { { shape = { 1, 2, 5, 6 } } })
         end,
       },
     },
@@ -129,7 +136,7 @@ return function(K)
         end,
         ["size-1 image with padding"] = function() check_fold(1, 1, 1, 1, { 3, 3, 1, 1, 1, 1, 1, 1 }) end,
         ["mismatched columns are an error"] = function()
-          kit.raises("fold: columns of size", op, "fold", { shape = { 3, 3, 1, 1, 0, 0, 1, 1 }, i = { 5, 5 } }, (K.rand({ 1, 9, 10 })))
+          kit.raises("fold: columns of size", op, "fold", window({ 3, 3, 1, 1, 0, 0, 1, 1 }, { height = 5, width = 5 }), (K.rand({ 1, 9, 10 })))
         end,
       },
     },

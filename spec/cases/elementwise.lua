@@ -73,7 +73,7 @@ local unary = {
   pow_scalar = { s = 3, f = function(x, s) return x ^ s end },
   rdiv_scalar = { s = 2, f = function(x, s) return s / x end, lo = 0.2, hi = 2, glo = 0.5, ghi = 2 },
   -- bounds inside the sampled range; gradient points land on both sides of both bounds
-  clamp = { attrs = { f = { -0.4, 0.3 } }, f = function(x)
+  clamp = { attrs = { lo = -0.4, hi = 0.3 }, f = function(x)
     if x ~= x then return x end
     return x < -0.4 and -0.4 or x > 0.3 and 0.3 or x
   end },
@@ -150,7 +150,7 @@ local function bshape(...)
 end
 
 return function(K)
-  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local function flat(t) return C.flat(K.device == "cpu" and t or C.to_device(t, "cpu")) end
   local other_dtype = K.dtype == "float32" and "float64" or "float32"
 
@@ -166,9 +166,9 @@ return function(K)
     if nd >= 2 then
       local s = { table.unpack(shape) }
       s[nd - 1], s[nd] = shape[nd], shape[nd - 1]
-      return op("transpose", { i = { nd - 2, nd - 1 } }, gen(s, lo, hi, ints))
+      return op("transpose", { dim0 = nd - 2, dim1 = nd - 1 }, gen(s, lo, hi, ints))
     end
-    return op("select", { i = { 1, 0 } }, gen({ shape[1] or 1, 2 }, lo, hi, ints))
+    return op("select", { dim = 1, index = 0 }, gen({ shape[1] or 1, 2 }, lo, hi, ints))
   end
 
   -- Expected values of f over broadcast inputs ts (flat references).
@@ -194,7 +194,7 @@ return function(K)
 
   -- ---- unary and scalar ops ----
   for name, u in pairs(unary) do
-    local at = u.attrs or (u.s and { f = { u.s } }) or nil
+    local at = u.attrs or (u.s and { value = u.s }) or nil
     local lo, hi = u.lo or -1, u.hi or 1
     local glo, ghi = u.glo or lo, u.ghi or hi
     local function chk(ts) check_op(name, at, u.f, u.s, ts) end
@@ -218,7 +218,7 @@ return function(K)
           kit.gradcheck(function(x) return op(name, at, x) end, { { shape = { 3, 4 }, lo = glo, hi = ghi } })
         end,
         ["non-contiguous input"] = function()
-          kit.gradcheck(function(x) return op(name, at, op("transpose", { i = { 0, 1 } }, x)) end,
+          kit.gradcheck(function(x) return op(name, at, op("transpose", { dim0 = 0, dim1 = 1 }, x)) end,
                         { { shape = { 4, 3 }, lo = glo, hi = ghi } })
         end,
       },
@@ -237,13 +237,13 @@ return function(K)
   cases.pow_scalar.forward["exponents 2 (multiply path), 0.5, -1, 0"] = function()
     for _, s in ipairs({ 2, 0.5, -1, 0 }) do
       local t = s == 0.5 and gen({ 3, 5 }, 0, 3) or gen({ 3, 5 })
-      check_op("pow_scalar", { f = { s } }, unary.pow_scalar.f, s, { t })
-      check_op("pow_scalar", { f = { s } }, unary.pow_scalar.f, s, { K.tensor(SPECIAL, { #SPECIAL }) })
+      check_op("pow_scalar", { value = s }, unary.pow_scalar.f, s, { t })
+      check_op("pow_scalar", { value = s }, unary.pow_scalar.f, s, { K.tensor(SPECIAL, { #SPECIAL }) })
     end
   end
   cases.pow_scalar.grad["exponents 2 and 0.5"] = function()
-    kit.gradcheck(function(x) return op("pow_scalar", { f = { 2 } }, x) end, { { shape = { 5 } } })
-    kit.gradcheck(function(x) return op("pow_scalar", { f = { 0.5 } }, x) end, { { shape = { 5 }, lo = 0.5, hi = 2 } })
+    kit.gradcheck(function(x) return op("pow_scalar", { value = 2 }, x) end, { { shape = { 5 } } })
+    kit.gradcheck(function(x) return op("pow_scalar", { value = 0.5 }, x) end, { { shape = { 5 }, lo = 0.5, hi = 2 } })
   end
   cases.clamp.forward["one-sided bounds, equal bounds, bad bounds"] = function()
     local t = K.tensor(SPECIAL, { #SPECIAL })
@@ -251,16 +251,16 @@ return function(K)
       if x ~= x then return x end
       return x < lo and lo or x > hi and hi or x
     end end
-    check_op("clamp", { f = { -inf, 0.25 } }, ref(-inf, 0.25), nil, { t })
-    check_op("clamp", { f = { 0, inf } }, ref(0, inf), nil, { t })
-    check_op("clamp", { f = { 0.5, 0.5 } }, ref(0.5, 0.5), nil, { t })
-    raises("clamp: the bounds must satisfy min <= max", op, "clamp", { f = { 1, 0 } }, t)
+    check_op("clamp", { lo = -inf, hi = 0.25 }, ref(-inf, 0.25), nil, { t })
+    check_op("clamp", { lo = 0, hi = inf }, ref(0, inf), nil, { t })
+    check_op("clamp", { lo = 0.5, hi = 0.5 }, ref(0.5, 0.5), nil, { t })
+    raises("clamp: the bounds must satisfy min <= max", op, "clamp", { lo = 1, hi = 0 }, t)
   end
   cases.clamp.grad["gradient passes at the bounds"] = function()
     local x = C.from_table({ -0.4, 0.3, 0.0, 2.0 }, { 4 }, "float64")
     C.requires_grad(x, true)
-    local y = op("clamp", { f = { -0.4, 0.3 } }, x)
-    local s = op("sum", { i = { math.mininteger, 0 } }, y)
+    local y = op("clamp", { lo = -0.4, hi = 0.3 }, x)
+    local s = op("sum", { dim = math.mininteger, keepdim = false }, y)
     C.backward(s)
     local g = C.flat(C.grad(x))
     assert(g[1] == 1 and g[2] == 1 and g[3] == 1 and g[4] == 0, "clamp gradient at the bounds: " .. table.concat(g, " "))
@@ -350,7 +350,7 @@ return function(K)
                         { { shape = {}, lo = lo, hi = hi }, { shape = { 2, 3 }, lo = blo, hi = bhi } })
         end,
         ["non-contiguous inputs"] = function()
-          kit.gradcheck(function(x, y) return op(name, nil, op("transpose", { i = { 0, 1 } }, x), y) end,
+          kit.gradcheck(function(x, y) return op(name, nil, op("transpose", { dim0 = 0, dim1 = 1 }, x), y) end,
                         { { shape = { 4, 3 }, lo = lo, hi = hi }, { shape = { 3, 4 }, lo = blo, hi = bhi } })
         end,
       }
@@ -432,7 +432,7 @@ return function(K)
                       { { shape = { 3, 1 }, values = { 1, 0, 1 }, grad = false }, { shape = { 3, 4 } }, { shape = { 4 } } })
       end,
       ["non-contiguous a"] = function()
-        kit.gradcheck(function(c, x, y) return op("where", nil, c, op("transpose", { i = { 0, 1 } }, x), y) end,
+        kit.gradcheck(function(c, x, y) return op("where", nil, c, op("transpose", { dim0 = 0, dim1 = 1 }, x), y) end,
                       { { shape = { 3, 2 }, values = { 0, 1, 1, 0, 1, 1 }, grad = false }, { shape = { 2, 3 } }, { shape = { 3, 2 } } })
       end,
     },
@@ -446,44 +446,44 @@ return function(K)
       ["to the other dtype and back"] = function()
         if K.device ~= "cpu" then return end
         local t = gen({ 3, 5, 7 })
-        local c = op("cast", { i = { DT[other_dtype] } }, t)
+        local c = op("cast", { dtype = DT[other_dtype] }, t)
         assert(select(2, C.info(c)) == other_dtype, "cast: wrong dtype")
         K.check(c, flat(t), { 3, 5, 7 }, 1e-6)
-        local back = op("cast", { i = { DT[K.dtype] } }, c)
+        local back = op("cast", { dtype = DT[K.dtype] }, c)
         assert(select(2, C.info(back)) == K.dtype, "cast: wrong dtype back")
         K.check(back, flat(c), { 3, 5, 7 }, 1e-6)
       end,
       ["same dtype is a copy"] = function()
         local t = gen({ 4, 3 })
-        K.check(op("cast", { i = { DT[K.dtype] } }, t), flat(t), { 4, 3 })
+        K.check(op("cast", { dtype = DT[K.dtype] }, t), flat(t), { 4, 3 })
       end,
       ["non-contiguous, empty, 0-d and large"] = function()
         local tgt = K.device == "cpu" and other_dtype or K.dtype
         for _, t in ipairs({ gen_nc({ 4, 7 }), gen_nc({ 9 }), gen({ 0, 3 }), gen({}), gen_nc({ 150, 301 }) }) do
-          K.check(op("cast", { i = { DT[tgt] } }, t), flat(t), C.info(t), 1e-6)
+          K.check(op("cast", { dtype = DT[tgt] }, t), flat(t), C.info(t), 1e-6)
         end
       end,
       ["NaN and inf survive"] = function()
         local tgt = K.device == "cpu" and other_dtype or K.dtype
-        K.check(op("cast", { i = { DT[tgt] } }, K.tensor(SPECIAL, { #SPECIAL })), SPECIAL, { #SPECIAL })
+        K.check(op("cast", { dtype = DT[tgt] }, K.tensor(SPECIAL, { #SPECIAL })), SPECIAL, { #SPECIAL })
       end,
       ["unknown dtype is an error"] = function()
-        raises("cast: unknown dtype", op, "cast", { i = { 9 } }, gen({ 2 }))
+        raises("cast: unknown dtype", op, "cast", { dtype = 9 }, gen({ 2 }))
       end,
     },
     grad = {
       ["float64 to float64"] = function()
-        kit.gradcheck(function(x) return op("cast", { i = { 1 } }, x) end, { { shape = { 3, 4 } } })
+        kit.gradcheck(function(x) return op("cast", { dtype = 1 }, x) end, { { shape = { 3, 4 } } })
       end,
       ["round trip through float32, non-contiguous"] = function()
         kit.gradcheck(function(x)
-          return op("cast", { i = { 1 } }, op("cast", { i = { 0 } }, op("transpose", { i = { 0, 1 } }, x)))
+          return op("cast", { dtype = 1 }, op("cast", { dtype = 0 }, op("transpose", { dim0 = 0, dim1 = 1 }, x)))
         end, { { shape = { 3, 4 } } }, { eps = 1e-2, tol = 1e-4 })
       end,
     },
   }
 
-  local function fill(v, shape) return op("fill", { f = { v }, i = { DT[K.dtype], DEV[K.device] }, shape = shape }) end
+  local function fill(v, shape) return op("fill", { value = v, dtype = DT[K.dtype], device = DEV[K.device], shape = shape }) end
   local function rep(v, n) local e = {} for i = 1, n do e[i] = v end return e end
   cases.fill = {
     nodiff = "a constant: it has no inputs",
@@ -499,9 +499,9 @@ return function(K)
       end,
       ["large (OpenMP)"] = function() K.check(fill(0.25, { 40001 }), rep(0.25, 40001), { 40001 }) end,
       ["negative size, unknown dtype or device are errors"] = function()
-        raises("fill: size -2 of dimension 2 is negative", op, "fill", { i = { 0, 0 }, shape = { 3, -2 } })
-        raises("fill: unknown dtype", op, "fill", { i = { 9, 0 }, shape = { 3 } })
-        raises("fill: unknown device", op, "fill", { i = { 0, 7 }, shape = { 3 } })
+        raises("fill: size -2 of dimension 2 is negative", op, "fill", { dtype = 0, device = 0, shape = { 3, -2 } })
+        raises("fill: unknown dtype", op, "fill", { dtype = 9, device = 0, shape = { 3 } })
+        raises("fill: unknown device", op, "fill", { dtype = 0, device = 7, shape = { 3 } })
       end,
     },
   }

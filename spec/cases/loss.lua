@@ -45,7 +45,7 @@ local function labels_for(n, ncls)
 end
 
 return function(K)
-  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local inf, nan = math.huge, 0 / 0
   local function lab(vals) return K.tensor(vals, { #vals }) end
 

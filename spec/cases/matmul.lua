@@ -72,7 +72,7 @@ local function linear_ref(xv, xsh, wv, wsh, bv)
 end
 
 return function(K)
-  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local tol = K.dtype == "float32" and 1e-4 or 1e-10
   local rand, noncontig = K.rand_stored, K.noncontig_stored
   local raises = kit.raises
@@ -133,7 +133,7 @@ return function(K)
         end,
         ["operands BLAS cannot read are copied (strided columns, expanded)"] = function()
           local base = K.rand({ 3, 4, 2 })
-          local t = op("select", { i = { 2, 1 } }, base)   -- 3x4 with strides (8, 2)
+          local t = op("select", { dim = 2, index = 1 }, base)   -- 3x4 with strides (8, 2)
           local tb, vb = rand({ 4, 3 })
           check_mm(t, C.flat(t), { 3, 4 }, tb, vb, { 4, 3 }, "strided columns")
           local row = K.rand({ 1, 4 })
@@ -183,7 +183,7 @@ return function(K)
           gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 4, 3 } }, { shape = { 3 } } })
         end,
         ["transposed operand, one side without grad"] = function()
-          gc(function(a, b) return op("matmul", nil, op("transpose", { i = { 0, 1 } }, a), b) end,
+          gc(function(a, b) return op("matmul", nil, op("transpose", { dim0 = 0, dim1 = 1 }, a), b) end,
             { { shape = { 4, 3 } }, { shape = { 4, 2 }, grad = false } })
         end,
       },

@@ -61,7 +61,7 @@ local function norm_bw_ref(xv, shape, mu, rs, gv, wv, rms)
 end
 
 return function(K)
-  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local tol = K.dtype == "float32" and 1e-4 or 1e-9
   local rand, noncontig = K.rand_stored, K.noncontig_stored
   local raises = kit.raises
@@ -77,7 +77,7 @@ return function(K)
     local args = { x }
     if w then args[#args + 1] = w end
     if b then args[#args + 1] = b end
-    local y = op(name, { f = { eps } }, table.unpack(args))
+    local y = op(name, { eps = eps }, table.unpack(args))
     K.check(y, (norm_ref(xv, shape, wv, bv, eps, rms)), shape, tol, name)
   end
 
@@ -127,11 +127,11 @@ return function(K)
         check(name, x, xv, { 300, 129 }, 1e-5, w, wv, b, bv)
       end,
       ["errors: parameter shape, 0-d input, dtype mismatch"] = function()
-        raises("weight has shape 4", op, name, { f = { 1e-5 } }, (rand({ 2, 3 })), (rand({ 4 })))
-        raises("at least 1 dimension", op, name, { f = { 1e-5 } }, (rand({})))
-        raises("float", op, name, { f = { 1e-5 } }, C.from_table({ 1, 2 }, { 1, 2 }, "float32"), C.from_table({ 1, 2 }, { 2 }, "float64"))
+        raises("weight has shape 4", op, name, { eps = 1e-5 }, (rand({ 2, 3 })), (rand({ 4 })))
+        raises("at least 1 dimension", op, name, { eps = 1e-5 }, (rand({})))
+        raises("float", op, name, { eps = 1e-5 }, C.from_table({ 1, 2 }, { 1, 2 }, "float32"), C.from_table({ 1, 2 }, { 2 }, "float64"))
         if not rms then
-          raises("bias has shape 2", op, name, { f = { 1e-5 } }, (rand({ 2, 3 })), (rand({ 3 })), (rand({ 2 })))
+          raises("bias has shape 2", op, name, { eps = 1e-5 }, (rand({ 2, 3 })), (rand({ 3 })), (rand({ 2 })))
         end
       end,
     }
@@ -157,7 +157,7 @@ return function(K)
       local rsv = C.flat(args[rms and 2 or 3])
       local muv = rms and mu or C.flat(args[2])
       local egx, egw, egb = norm_bw_ref(xv, shape, muv, rsv, gv, wv, rms)
-      local outs = { op(name, { i = { mask } }, table.unpack(args)) }
+      local outs = { op(name, { want = mask }, table.unpack(args)) }
       local zero = {}
       for j = 1, Cf do zero[j] = 0 end
       if mask & 1 ~= 0 then K.check(outs[1], egx, shape, tol, "gx") end
@@ -191,8 +191,8 @@ return function(K)
   end
 
   local gc = kit.gradcheck
-  local function ln(...) return op("layernorm", { f = { 1e-5 } }, ...) end
-  local function rmsn(...) return op("rmsnorm", { f = { 1e-5 } }, ...) end
+  local function ln(...) return op("layernorm", { eps = 1e-5 }, ...) end
+  local function rmsn(...) return op("rmsnorm", { eps = 1e-5 }, ...) end
 
   return {
     layernorm = {

@@ -6,7 +6,6 @@ local kit = require "support.kit"
 local C = remat._C
 
 -- adamw_step takes the weight decay as the IEEE-754 bits of a double in i[2].
-local function f64bits(x) return (string.unpack("<i8", string.pack("<d", x))) end
 
 -- torch.optim.SGD on flat tables; returns new param and buffer.
 local function ref_sgd(p, g, buf, o, first)
@@ -67,12 +66,14 @@ end
 local raises = kit.raises
 
 return function(K)
-  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local function sgd_attrs(o, first)
-    return { f = { o.lr, o.momentum, o.wd, o.dampening }, i = { o.nesterov and 1 or 0, first and 1 or 0 } }
+    return { lr = o.lr, momentum = o.momentum, weight_decay = o.wd, dampening = o.dampening,
+             nesterov = o.nesterov and true or false, first = first and true or false }
   end
   local function adam_attrs(o, t)
-    return { f = { o.lr, o.beta1, o.beta2, o.eps }, i = { t, o.decoupled and 1 or 0, f64bits(o.wd) } }
+    return { lr = o.lr, beta1 = o.beta1, beta2 = o.beta2, eps = o.eps, step = t,
+             decoupled = o.decoupled and true or false, weight_decay = o.wd }
   end
 
   -- Runs `steps` SGD steps from random state, checking every step against the
@@ -106,7 +107,8 @@ return function(K)
   end
 
   local function rmsprop_attrs(o)
-    return { f = { o.lr, o.alpha, o.eps, o.momentum }, i = { f64bits(o.wd), o.centered and 1 or 0 } }
+    return { lr = o.lr, alpha = o.alpha, eps = o.eps, momentum = o.momentum, weight_decay = o.wd,
+             centered = o.centered and true or false }
   end
 
   -- A state after some steps: square_avg large enough that square_avg - grad_avg^2
@@ -172,10 +174,10 @@ return function(K)
         ["errors"] = function()
           local p, g, b = K.rand({ 2, 2 }), K.rand({ 2, 2 }), K.rand({ 2, 2 })
           raises("sgd_step: nesterov momentum requires a momentum and zero dampening", op, "sgd_step",
-                 { f = { 0.1, 0.9, 0, 0.1 }, i = { 1, 0 } }, p, g, b)
-          raises("sgd_step: nesterov", op, "sgd_step", { f = { 0.1, 0, 0, 0 }, i = { 1, 0 } }, p, g, b)
-          raises("sgd_step: invalid learning rate -1", op, "sgd_step", { f = { -1 } }, p, g, b)
-          raises("sgd_step: grad is 4 but param is 2x2", op, "sgd_step", { f = { 0.1 } }, p, (K.rand({ 4 })), b)
+                 { lr = 0.1, momentum = 0.9, weight_decay = 0, dampening = 0.1, nesterov = true, first = false }, p, g, b)
+          raises("sgd_step: nesterov", op, "sgd_step", { lr = 0.1, momentum = 0, weight_decay = 0, dampening = 0, nesterov = true, first = false }, p, g, b)
+          raises("sgd_step: invalid learning rate -1", op, "sgd_step", { lr = -1 }, p, g, b)
+          raises("sgd_step: grad is 4 but param is 2x2", op, "sgd_step", { lr = 0.1 }, p, (K.rand({ 4 })), b)
         end,
       },
     },
@@ -201,15 +203,17 @@ return function(K)
         ["errors"] = function()
           local t = {}
           for i = 1, 5 do t[i] = K.rand({ 2 }) end
-          local function at(f, i) return { f = f, i = i } end
-          raises("rmsprop_step: invalid alpha 1.5", op, "rmsprop_step", at({ 0.1, 1.5, 1e-8, 0 }, { 0, 0 }), table.unpack(t))
-          raises("rmsprop_step: invalid momentum -1", op, "rmsprop_step", at({ 0.1, 0.9, 1e-8, -1 }, { 0, 0 }), table.unpack(t))
+          local function at(f, wd, centered)
+            return { lr = f[1], alpha = f[2], eps = f[3], momentum = f[4], weight_decay = wd, centered = centered }
+          end
+          raises("rmsprop_step: invalid alpha 1.5", op, "rmsprop_step", at({ 0.1, 1.5, 1e-8, 0 }, 0, false), table.unpack(t))
+          raises("rmsprop_step: invalid momentum -1", op, "rmsprop_step", at({ 0.1, 0.9, 1e-8, -1 }, 0, false), table.unpack(t))
           raises("rmsprop_step: invalid weight_decay -0.5", op, "rmsprop_step",
-                 at({ 0.1, 0.9, 1e-8, 0 }, { f64bits(-0.5), 0 }), table.unpack(t))
-          raises("rmsprop_step: centered (i[1]) must be 0 or 1", op, "rmsprop_step", at({ 0.1, 0.9, 1e-8, 0 }, { 0, 2 }),
-                 table.unpack(t))
+                 at({ 0.1, 0.9, 1e-8, 0 }, -0.5, false), table.unpack(t))
+          raises("rmsprop_step: attribute 'centered' must be a boolean, got number", op, "rmsprop_step",
+                 at({ 0.1, 0.9, 1e-8, 0 }, 0, 2), table.unpack(t))
           t[5] = K.rand({ 3 })
-          raises("rmsprop_step: state 3 is 3 but param is 2", op, "rmsprop_step", at({ 0.1, 0.9, 1e-8, 0 }, { 0, 0 }),
+          raises("rmsprop_step: state 3 is 3 but param is 2", op, "rmsprop_step", at({ 0.1, 0.9, 1e-8, 0 }, 0, false),
                  table.unpack(t))
         end,
       },
@@ -245,14 +249,21 @@ return function(K)
         ["errors"] = function()
           local p, g = K.rand({ 2 }), K.rand({ 2 })
           local m, v = K.rand({ 2 }), K.rand({ 2 })
-          local function at(f, i) return { f = f, i = i } end
-          raises("adamw_step: step 0 must be >= 1", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 0, 1, 0 }), p, g, m, v)
-          raises("adamw_step: invalid beta1 1", op, "adamw_step", at({ 0.1, 1, 0.999, 1e-8 }, { 1, 1, 0 }), p, g, m, v)
-          raises("adamw_step: invalid beta2 -0.5", op, "adamw_step", at({ 0.1, 0.9, -0.5, 1e-8 }, { 1, 1, 0 }), p, g, m, v)
+          local function at(f, step, decoupled, wd)
+            return { lr = f[1], beta1 = f[2], beta2 = f[3], eps = f[4], step = step, decoupled = decoupled, weight_decay = wd }
+          end
+          raises("adamw_step: step 0 must be >= 1", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, 0, true, 0), p, g, m, v)
+          raises("adamw_step: invalid beta1 1", op, "adamw_step", at({ 0.1, 1, 0.999, 1e-8 }, 1, true, 0), p, g, m, v)
+          raises("adamw_step: invalid beta2 -0.5", op, "adamw_step", at({ 0.1, 0.9, -0.5, 1e-8 }, 1, true, 0), p, g, m, v)
           raises("adamw_step: invalid weight_decay -0.5", op, "adamw_step",
-                 at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 1, f64bits(-0.5) }), p, g, m, v)
-          raises("adamw_step: decoupled (i[1]) must be 0 or 1", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 2, 0 }), p, g, m, v)
-          raises("adamw_step: state 2 is 3 but param is 2", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, { 1, 1, 0 }),
+                 at({ 0.1, 0.9, 0.999, 1e-8 }, 1, true, -0.5), p, g, m, v)
+          raises("adamw_step: attribute 'decoupled' must be a boolean, got number", op, "adamw_step",
+                 at({ 0.1, 0.9, 0.999, 1e-8 }, 1, 2, 0), p, g, m, v)
+          raises("adamw_step: attribute 'step' must be an integer, got a non-integer number", op, "adamw_step",
+                 at({ 0.1, 0.9, 0.999, 1e-8 }, 1.5, true, 0), p, g, m, v)
+          raises("adamw_step: unknown attribute 'betas' (adamw_step takes lr, beta1, beta2, eps, weight_decay, step, decoupled)",
+                 op, "adamw_step", { lr = 0.1, betas = { 0.9, 0.999 } }, p, g, m, v)
+          raises("adamw_step: state 2 is 3 but param is 2", op, "adamw_step", at({ 0.1, 0.9, 0.999, 1e-8 }, 1, true, 0),
                  p, g, m, (K.rand({ 3 })))
         end,
       },

@@ -49,8 +49,8 @@ return function(K)
   local DT = { float32 = 0, float64 = 1 }
   local DEV = { cpu = 0, cuda = 1 }
   local function flat(t) return C.flat(K.device == "cpu" and t or C.to_device(t, "cpu")) end
-  local function draw(name, shape) return C.op(name, { i = { DT[K.dtype], DEV[K.device] }, shape = shape }) end
-  local function dropout(x, p) return C.op("dropout", { f = { p } }, x) end
+  local function draw(name, shape) return C.op(C.ops[name], { dtype = DT[K.dtype], device = DEV[K.device], shape = shape }) end
+  local function dropout(x, p) return C.op(C.ops.dropout, { p = p }, x) end
   local raises = kit.raises
   local function same_bits(a, b, what)
     assert(#a == #b, what .. ": lengths differ")
@@ -106,9 +106,9 @@ return function(K)
           assert(select(2, C.rng_state()) == off, name .. ": an empty draw moved the generator")
         end,
         ["bad shape or dtype is an error naming the op"] = function()
-          raises(name .. ": size -3 of dimension 2 is negative", C.op, name, { i = { 0, 0 }, shape = { 2, -3 } })
-          raises(name .. ": unknown dtype", C.op, name, { i = { 9, 0 }, shape = { 2 } })
-          raises(name .. ": unknown device", C.op, name, { i = { 0, 9 }, shape = { 2 } })
+          raises(name .. ": size -3 of dimension 2 is negative", C.op, C.ops[name], { dtype = 0, device = 0, shape = { 2, -3 } })
+          raises(name .. ": unknown dtype", C.op, C.ops[name], { dtype = 9, device = 0, shape = { 2 } })
+          raises(name .. ": unknown device", C.op, C.ops[name], { dtype = 0, device = 9, shape = { 2 } })
         end,
       },
     }
@@ -211,7 +211,7 @@ return function(K)
         local x = C.from_table(kit.values({ 5, 7 }, 0.5, 1.5), { 5, 7 }, "float64")
         C.requires_grad(x, true)
         local y = dropout(x, 0.4)
-        C.op("rand", { i = { 1, 0 }, shape = { 100 } }) -- other draws in between must not matter
+        C.op(C.ops.rand, { dtype = 1, device = 0, shape = { 100 } }) -- other draws in between must not matter
         local g = {}
         for i = 1, 35 do g[i] = i end
         C.backward(y, C.from_table(g, { 5, 7 }, "float64"))
@@ -228,7 +228,7 @@ return function(K)
         local seed, offset = C.rng_state()
         kit.gradcheck(function(x)
           C.set_rng_state(seed, offset)
-          return dropout(C.op("transpose", { i = { 0, 1 } }, x), 0.35)
+          return dropout(C.op(C.ops.transpose, { dim0 = 0, dim1 = 1 }, x), 0.35)
         end, { { shape = { 4, 3 } } })
       end,
     },
@@ -240,20 +240,20 @@ return function(K)
       ["regenerates the mask of the given seed and offset"] = function()
         -- from Lua the attrs carry seed 0 and offset 0
         local g = K.rand({ 3, 5 })
-        K.check(C.op("dropout_backward", { f = { 0.25 } }, g), dropout_ref(flat(g), 0.25, 0, 0), { 3, 5 })
+        K.check(C.op(C.ops.dropout_backward, { p = 0.25 }, g), dropout_ref(flat(g), 0.25, 0, 0), { 3, 5 })
         C.set_rng_state(0, 0)
-        same_bits(flat(C.op("dropout_backward", { f = { 0.25 } }, g)), flat(dropout(g, 0.25)), "dropout_backward vs dropout")
+        same_bits(flat(C.op(C.ops.dropout_backward, { p = 0.25 }, g)), flat(dropout(g, 0.25)), "dropout_backward vs dropout")
       end,
       ["does not move the generator; p = 0 is the identity"] = function()
         C.manual_seed(6)
         local g = K.rand({ 9 })
-        C.op("dropout_backward", { f = { 0.5 } }, g)
+        C.op(C.ops.dropout_backward, { p = 0.5 }, g)
         local _, off = C.rng_state()
         assert(off == 0, "dropout_backward moved the generator to " .. off)
-        same_bits(flat(C.op("dropout_backward", { f = { 0 } }, g)), flat(g), "p = 0")
+        same_bits(flat(C.op(C.ops.dropout_backward, { p = 0 }, g)), flat(g), "p = 0")
       end,
       ["p outside [0, 1) is an error"] = function()
-        raises("dropout_backward: p must be in [0, 1)", C.op, "dropout_backward", { f = { 1 } }, (K.rand({ 2 })))
+        raises("dropout_backward: p must be in [0, 1)", C.op, C.ops.dropout_backward, { p = 1 }, (K.rand({ 2 })))
       end,
     },
   }

@@ -96,7 +96,7 @@ local function softmax_ref(v, shape, d, log)
 end
 
 return function(K)
-  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local rand, noncontig = K.rand_stored, K.noncontig_stored
   local raises = kit.raises
 
@@ -104,7 +104,7 @@ return function(K)
   local function check_reduce(name, ref, t, v, shape, dims)
     for _, d in ipairs(dims) do
       for _, keep in ipairs({ false, true }) do
-        local got = op(name, { i = { d, keep and 1 or 0 } }, t)
+        local got = op(name, { dim = d, keepdim = keep and true or false }, t)
         K.check(got, ref(v, shape, d), rshape(shape, d, keep), nil, ("%s dim %s keep %s"):format(name, d, keep))
       end
     end
@@ -148,11 +148,11 @@ return function(K)
         local t, v = rand({ 300, 701 })
         check_reduce(name, ref, t, v, { 300, 701 }, { 0, 1 })
         local u, uv = rand({ 270001 })
-        K.check(op(name, { i = { ALL } }, u), ref(uv, { 270001 }, ALL), {}, K.dtype == "float32" and 1e-5 or 1e-9)
+        K.check(op(name, { dim = ALL }, u), ref(uv, { 270001 }, ALL), {}, K.dtype == "float32" and 1e-5 or 1e-9)
       end,
       ["dim out of range is an error"] = function()
-        raises("out of range", op, name, { i = { 2 } }, (rand({ 2, 3 })))
-        raises("out of range", op, name, { i = { -3 } }, (rand({ 2, 3 })))
+        raises("out of range", op, name, { dim = 2 }, (rand({ 2, 3 })))
+        raises("out of range", op, name, { dim = -3 }, (rand({ 2, 3 })))
       end,
     }
   end
@@ -164,11 +164,11 @@ return function(K)
           local val, idx = max_ref(v, shape, d)
           local s = rshape(shape, d, keep)
           if name == "max" then
-            local gv, gi = op("max", { i = { d, keep and 1 or 0 } }, t)
+            local gv, gi = op("max", { dim = d, keepdim = keep and true or false }, t)
             K.check(gv, val, s, nil, "max values")
             K.check(gi, idx, s, 0, "max indices")
           else
-            K.check(op("argmax", { i = { d, keep and 1 or 0 } }, t), idx, s, 0, "argmax")
+            K.check(op("argmax", { dim = d, keepdim = keep and true or false }, t), idx, s, 0, "argmax")
           end
         end
       end
@@ -202,12 +202,12 @@ return function(K)
       end,
       ["empty: reducing nothing is an error, empty kept dims are fine"] = function()
         local t = K.tensor({}, { 0, 3 })
-        raises("empty", op, name, { i = { 0 } }, t)
-        raises("empty", op, name, { i = { ALL } }, t)
+        raises("empty", op, name, { dim = 0 }, t)
+        raises("empty", op, name, { dim = ALL }, t)
         run(t, {}, { 0, 3 }, { 1 })
       end,
       ["dim out of range is an error"] = function()
-        raises("out of range", op, name, { i = { 3 } }, (rand({ 2, 3 })))
+        raises("out of range", op, name, { dim = 3 }, (rand({ 2, 3 })))
       end,
     }
   end
@@ -215,7 +215,7 @@ return function(K)
   local function softmax_like(name, log)
     local function run(t, v, shape, dims)
       for _, d in ipairs(dims) do
-        K.check(op(name, { i = { d } }, t), softmax_ref(v, shape, d, log), shape, nil, name .. " dim " .. d)
+        K.check(op(name, { dim = d }, t), softmax_ref(v, shape, d, log), shape, nil, name .. " dim " .. d)
       end
     end
     return {
@@ -238,7 +238,7 @@ return function(K)
       ["NaN poisons its row; -inf entries get 0; an all -inf row is NaN"] = function()
         local v = { 1, nan, 2, 0, -inf, 1, -inf, -inf, -inf }
         local e = softmax_ref({ 0, -inf, 1 }, { 3 }, 0, log)
-        local got = C.flat(op(name, { i = { 1 } }, K.tensor(v, { 3, 3 })))
+        local got = C.flat(op(name, { dim = 1 }, K.tensor(v, { 3, 3 })))
         for k = 1, 3 do assert(got[k] ~= got[k], "row with NaN: " .. got[k]) end
         K.check(K.tensor({ got[4], got[5], got[6] }, { 3 }), e, { 3 })
         for k = 7, 9 do assert(got[k] ~= got[k], "all -inf row: " .. got[k]) end
@@ -253,7 +253,7 @@ return function(K)
         run(t, v, { 200, 300 }, { 1, 0 })
       end,
       ["dim out of range is an error"] = function()
-        raises("out of range", op, name, { i = { 2 } }, (rand({ 2, 3 })))
+        raises("out of range", op, name, { dim = 2 }, (rand({ 2, 3 })))
       end,
     }
   end
@@ -298,13 +298,13 @@ return function(K)
           for _, c in ipairs({ { { 3, 5 }, 1 }, { { 2, 3, 4 }, 1 }, { { 4, 3 }, -2 } }) do
             local shape, d = c[1], c[2]
             local x = rand(shape, -2, 2)
-            local y = op(log and "log_softmax" or "softmax", { i = { d } }, x)
+            local y = op(log and "log_softmax" or "softmax", { dim = d }, x)
             local g, gv = rand(shape)
-            K.check(op(name, { i = { d } }, y, g), softmax_bw_ref(C.flat(y), gv, shape, d, log), shape)
+            K.check(op(name, { dim = d }, y, g), softmax_bw_ref(C.flat(y), gv, shape, d, log), shape)
           end
         end,
         ["shape mismatch is an error"] = function()
-          raises("differ in shape", op, name, { i = { 0 } }, (rand({ 2, 3 })), (rand({ 3, 2 })))
+          raises("differ in shape", op, name, { dim = 0 }, (rand({ 2, 3 })), (rand({ 3, 2 })))
         end,
       },
       nodiff = "internal backward helper of " .. (log and "log_softmax" or "softmax") ..
@@ -318,34 +318,34 @@ return function(K)
     sum = {
       forward = sum_like("sum", sum_ref),
       grad = {
-        ["over dim 1 of 2x3x4"] = function() gc(function(x) return op("sum", { i = { 1 } }, x) end, { { shape = { 2, 3, 4 } } }) end,
-        ["over all dims, keepdim"] = function() gc(function(x) return op("sum", { i = { ALL, 1 } }, x) end, { { shape = { 3, 2 } } }) end,
-        ["negative dim"] = function() gc(function(x) return op("sum", { i = { -1 } }, x) end, { { shape = { 3, 4 } } }) end,
+        ["over dim 1 of 2x3x4"] = function() gc(function(x) return op("sum", { dim = 1 }, x) end, { { shape = { 2, 3, 4 } } }) end,
+        ["over all dims, keepdim"] = function() gc(function(x) return op("sum", { dim = ALL, keepdim = true }, x) end, { { shape = { 3, 2 } } }) end,
+        ["negative dim"] = function() gc(function(x) return op("sum", { dim = -1 }, x) end, { { shape = { 3, 4 } } }) end,
       },
     },
     mean = {
       forward = sum_like("mean", mean_ref),
       grad = {
-        ["over dim 0 of 3x4, keepdim"] = function() gc(function(x) return op("mean", { i = { 0, 1 } }, x) end, { { shape = { 3, 4 } } }) end,
-        ["over all dims"] = function() gc(function(x) return op("mean", { i = { ALL } }, x) end, { { shape = { 2, 3, 2 } } }) end,
+        ["over dim 0 of 3x4, keepdim"] = function() gc(function(x) return op("mean", { dim = 0, keepdim = true }, x) end, { { shape = { 3, 4 } } }) end,
+        ["over all dims"] = function() gc(function(x) return op("mean", { dim = ALL }, x) end, { { shape = { 2, 3, 2 } } }) end,
       },
     },
     max = {
       forward = max_like("max"),
       grad = {
         ["over dim 1 of 3x4 (to the max position)"] = function()
-          gc(function(x) return (op("max", { i = { 1 } }, x)) end, { { shape = { 3, 4 } } })
+          gc(function(x) return (op("max", { dim = 1 }, x)) end, { { shape = { 3, 4 } } })
         end,
         ["middle dim, keepdim"] = function()
-          gc(function(x) return (op("max", { i = { 1, 1 } }, x)) end, { { shape = { 2, 3, 2 } } })
+          gc(function(x) return (op("max", { dim = 1, keepdim = true }, x)) end, { { shape = { 2, 3, 2 } } })
         end,
         ["over all dims"] = function()
-          gc(function(x) return (op("max", { i = { ALL } }, x)) end, { { shape = { 2, 3 } } })
+          gc(function(x) return (op("max", { dim = ALL }, x)) end, { { shape = { 2, 3 } } })
         end,
         ["ties: the first maximum gets the gradient"] = function()
           local x = C.from_table({ 1, 4, 4, 2 }, { 4 }, "float64")
           C.requires_grad(x, true)
-          local v = op("max", { i = { 0 } }, x)
+          local v = op("max", { dim = 0 }, x)
           C.backward(v)
           K.check(C.grad(x), { 0, 1, 0, 0 }, { 4 })
         end,
@@ -388,15 +388,15 @@ return function(K)
     softmax = {
       forward = softmax_like("softmax", false),
       grad = {
-        ["3x4 over dim 1"] = function() gc(function(x) return op("softmax", { i = { 1 } }, x) end, { { shape = { 3, 4 } } }) end,
-        ["2x3x4 over the middle dim"] = function() gc(function(x) return op("softmax", { i = { 1 } }, x) end, { { shape = { 2, 3, 4 } } }) end,
+        ["3x4 over dim 1"] = function() gc(function(x) return op("softmax", { dim = 1 }, x) end, { { shape = { 3, 4 } } }) end,
+        ["2x3x4 over the middle dim"] = function() gc(function(x) return op("softmax", { dim = 1 }, x) end, { { shape = { 2, 3, 4 } } }) end,
       },
     },
     log_softmax = {
       forward = softmax_like("log_softmax", true),
       grad = {
-        ["3x4 over dim 1"] = function() gc(function(x) return op("log_softmax", { i = { 1 } }, x) end, { { shape = { 3, 4 } } }) end,
-        ["2x3x4 over dim 0"] = function() gc(function(x) return op("log_softmax", { i = { 0 } }, x) end, { { shape = { 2, 3, 4 } } }) end,
+        ["3x4 over dim 1"] = function() gc(function(x) return op("log_softmax", { dim = 1 }, x) end, { { shape = { 3, 4 } } }) end,
+        ["2x3x4 over dim 0"] = function() gc(function(x) return op("log_softmax", { dim = 0 }, x) end, { { shape = { 2, 3, 4 } } }) end,
       },
     },
     softmax_backward = softmax_bw_cases("softmax_backward", false),

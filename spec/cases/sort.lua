@@ -111,14 +111,14 @@ local function ties(shape)
 end
 
 return function(K)
-  local function op(name, attrs, ...) return C.op(name, attrs, ...) end
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local function ints(shape) return K.tensor(ties(shape), shape) end
 
   local function check_min(t, shape, d, keep)
     local v = C.flat(K.device == "cpu" and t or C.to_device(t, "cpu"))
     local ev, ei = min_ref(v, shape, d)
     local oshape = d and without(shape, d, keep) or {}
-    local val, idx = op("min", { i = { d or ALL, keep and 1 or 0 } }, t)
+    local val, idx = op("min", { dim = d or ALL, keepdim = keep and true or false }, t)
     K.check(val, ev, oshape, nil, "min values")
     K.check(idx, ei, oshape, 0, "min indices")
   end
@@ -126,7 +126,7 @@ return function(K)
   local function check_sort(name, t, shape, d, k, desc)
     local v = C.flat(K.device == "cpu" and t or C.to_device(t, "cpu"))
     local ev, ei = sorted_ref(v, shape, d, k, desc)
-    local attrs = name == "sort" and { i = { d, desc and 1 or 0 } } or { i = { d, k, desc and 1 or 0 } }
+    local attrs = name == "sort" and { dim = d, descending = desc and true or false } or { dim = d, k = k, largest = desc and true or false }
     local val, idx = op(name, attrs, t)
     K.check(val, ev, with_size(shape, d, k), 0, name .. " values")
     K.check(idx, ei, with_size(shape, d, k), 0, name .. " indices")
@@ -134,7 +134,7 @@ return function(K)
 
   local function check_cumsum(t, shape, d, rev)
     local v = C.flat(K.device == "cpu" and t or C.to_device(t, "cpu"))
-    K.check(op("cumsum", { i = { d, rev and 1 or 0 } }, t), cumsum_ref(v, shape, d, rev), shape)
+    K.check(op("cumsum", { dim = d, reverse = rev and true or false }, t), cumsum_ref(v, shape, d, rev), shape)
   end
 
   local SPECIAL = { 0.5, nan, -inf, 2, inf, nan, -1, 0.5 }
@@ -155,7 +155,7 @@ return function(K)
           check_min(ints({ 1, 6, 1 }), { 1, 6, 1 }, 1, true)
           check_min(ints({ 1, 6, 1 }), { 1, 6, 1 }, 0, false)
           local z = K.rand_stored({})
-          local v = op("min", { i = { ALL, 0 } }, z)
+          local v = op("min", { dim = ALL, keepdim = false }, z)
           K.check(v, C.flat(K.device == "cpu" and z or C.to_device(z, "cpu")), {})
         end,
         ["non-contiguous input"] = function()
@@ -169,14 +169,14 @@ return function(K)
           check_min(K.tensor({ 3, -inf, 1 }, { 3 }), { 3 }, 0, false)
         end,
         ["an empty dimension is an error"] = function()
-          kit.raises("min: cannot reduce over an empty dimension", op, "min", { i = { 1, 0 } }, K.tensor({}, { 2, 0 }))
+          kit.raises("min: cannot reduce over an empty dimension", op, "min", { dim = 1, keepdim = false }, K.tensor({}, { 2, 0 }))
         end,
       },
       grad = {
         ["3x4 along dim 2 and over everything"] = function()
-          kit.gradcheck(function(x) return (op("min", { i = { 1, 0 } }, x)) end, { { shape = { 3, 4 } } })
-          kit.gradcheck(function(x) return (op("min", { i = { 0, 1 } }, x)) end, { { shape = { 3, 4 } } })
-          kit.gradcheck(function(x) return (op("min", { i = { ALL, 0 } }, x)) end, { { shape = { 3, 4 } } })
+          kit.gradcheck(function(x) return (op("min", { dim = 1, keepdim = false }, x)) end, { { shape = { 3, 4 } } })
+          kit.gradcheck(function(x) return (op("min", { dim = 0, keepdim = true }, x)) end, { { shape = { 3, 4 } } })
+          kit.gradcheck(function(x) return (op("min", { dim = ALL, keepdim = false }, x)) end, { { shape = { 3, 4 } } })
         end,
       },
     },
@@ -205,13 +205,13 @@ return function(K)
           check_sort("sort", K.tensor(SPECIAL, { 8 }), { 8 }, 0, 8, true)
         end,
         ["a 0-d tensor is an error"] = function()
-          kit.raises("sort: expected at least a 1-d tensor", op, "sort", { i = { 0, 0 } }, K.tensor({ 1 }, {}))
+          kit.raises("sort: expected at least a 1-d tensor", op, "sort", { dim = 0, descending = false }, K.tensor({ 1 }, {}))
         end,
       },
       grad = {
         ["3x5 along dim 2, descending"] = function()
-          kit.gradcheck(function(x) return (op("sort", { i = { 1, 1 } }, x)) end, { { shape = { 3, 5 } } })
-          kit.gradcheck(function(x) return (op("sort", { i = { 0, 0 } }, x)) end, { { shape = { 3, 5 } } })
+          kit.gradcheck(function(x) return (op("sort", { dim = 1, descending = true }, x)) end, { { shape = { 3, 5 } } })
+          kit.gradcheck(function(x) return (op("sort", { dim = 0, descending = false }, x)) end, { { shape = { 3, 5 } } })
         end,
       },
     },
@@ -231,7 +231,7 @@ return function(K)
           check_sort("topk", ints({ 2, 15 }), { 2, 15 }, 1, 4, true)
           check_sort("topk", K.tensor(SPECIAL, { 8 }), { 8 }, 0, 3, true)
           check_sort("topk", K.tensor(SPECIAL, { 8 }), { 8 }, 0, 3, false)
-          local v, i = op("topk", { i = { 0, 0, 1 } }, (K.rand({ 4 })))
+          local v, i = op("topk", { dim = 0, k = 0, largest = true }, (K.rand({ 4 })))
           K.check(v, {}, { 0 })
           K.check(i, {}, { 0 })
         end,
@@ -239,13 +239,13 @@ return function(K)
           check_sort("topk", K.noncontig({ 7, 5 }), { 7, 5 }, 0, 2, true)
         end,
         ["k out of range is an error"] = function()
-          kit.raises("topk: k = 5 is out of range for dimension 1 of size 4", op, "topk", { i = { 0, 5, 1 } }, (K.rand({ 4 })))
+          kit.raises("topk: k = 5 is out of range for dimension 1 of size 4", op, "topk", { dim = 0, k = 5, largest = true }, (K.rand({ 4 })))
         end,
       },
       grad = {
         ["top 2 of 3x5 along dim 2"] = function()
-          kit.gradcheck(function(x) return (op("topk", { i = { 1, 2, 1 } }, x)) end, { { shape = { 3, 5 } } })
-          kit.gradcheck(function(x) return (op("topk", { i = { 0, 2, 0 } }, x)) end, { { shape = { 3, 5 } } })
+          kit.gradcheck(function(x) return (op("topk", { dim = 1, k = 2, largest = true }, x)) end, { { shape = { 3, 5 } } })
+          kit.gradcheck(function(x) return (op("topk", { dim = 0, k = 2, largest = false }, x)) end, { { shape = { 3, 5 } } })
         end,
       },
     },
@@ -279,8 +279,8 @@ return function(K)
       },
       grad = {
         ["3x4 along both dims, both directions"] = function()
-          kit.gradcheck(function(x) return op("cumsum", { i = { 1, 0 } }, x) end, { { shape = { 3, 4 } } })
-          kit.gradcheck(function(x) return op("cumsum", { i = { 0, 1 } }, x) end, { { shape = { 3, 4 } } })
+          kit.gradcheck(function(x) return op("cumsum", { dim = 1, reverse = false }, x) end, { { shape = { 3, 4 } } })
+          kit.gradcheck(function(x) return op("cumsum", { dim = 0, reverse = true }, x) end, { { shape = { 3, 4 } } })
         end,
       },
     },

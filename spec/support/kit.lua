@@ -63,7 +63,7 @@ function kit.new(dtype, device)
       for i = 1, nd do s[i] = shape[i] end
       s[nd - 1], s[nd] = shape[nd], shape[nd - 1]
       local base, bv = K.rand(s, lo, hi)
-      local t = C.op("transpose", { i = { nd - 2, nd - 1 } }, base)
+      local t = C.op(C.ops.transpose, { dim0 = nd - 2, dim1 = nd - 1 }, base)
       -- logical values: element (.., i, j) of t is element (.., j, i) of base
       local v, R, Cc = {}, shape[nd - 1], shape[nd]
       local outer = numel(shape) // math.max(1, R * Cc)
@@ -78,7 +78,7 @@ function kit.new(dtype, device)
     end
     local n = shape[1] or 1
     local base, bv = K.rand({ n, 2 }, lo, hi)
-    local t = C.op("select", { i = { 1, 0 } }, base)
+    local t = C.op(C.ops.select, { dim = 1, index = 0 }, base)
     local v = {}
     for i = 1, n do v[i] = bv[(i - 1) * 2 + 1] end
     return t, v
