@@ -1,4 +1,4 @@
-/* The interface between the Lua binding (lua/ldist.c) and the communication backend
+/* The interface between the core (core/dist.c) and the communication backend
  * (dist/mpi.c, built into libremat_mpi.so and dlopen'ed by remat.dist.init()).
  *
  * Plain C types only: the backend depends on MPI (and, when built with it, on NCCL

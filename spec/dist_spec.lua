@@ -83,6 +83,26 @@ describe("remat.dist under mpirun -np 2 #subprocess", function()
     end
   end)
 
+  it("the gradient reducer works from C, without Lua: backward averages, disarmed it does not, sync does", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir))
+    local bin = dir .. "/reducer"
+    local cc = ("cc -std=c11 -D_GNU_SOURCE -Icore -o %s spec/dist/reducer.c build/libremat.a " ..
+                "$(pkg-config --libs lua5.4) -lz -lm -ldl -fopenmp 2>&1"):format(bin)
+    local f = io.popen(cc)
+    local cout = f:read("a")
+    assert(f:close(), cout)
+    -- a static host: the MPI backend is named, not found beside the program
+    f = io.popen(("REMAT_MPI_LIB=$(pwd)/build/libremat_mpi.so timeout -k 3 30 mpirun --allow-run-as-root " ..
+                  "--oversubscribe --mca orte_base_help_aggregate 0 -x REMAT_MPI_LIB -np 2 %s 2>&1"):format(bin))
+    local out = f:read("a")
+    local ok = f:close()
+    os.execute("rm -rf " .. dir)
+    assert(ok, out)
+    for rank = 1, 2 do assert.matches("RESULT " .. rank .. " reducer_c ok", out) end
+  end)
+
   it("sharded AdamW (ZeRO-1) equals AdamW and keeps half the optimizer state per rank", function()
     local out, code, res = mpirun("zero.lua", 2, 30)
     assert.equals(0, code, out)
