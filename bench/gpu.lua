@@ -7,7 +7,7 @@
 -- 12 L d T the attention score/value FLOPs per token (forward + backward); peak is the
 -- H200's dense bf16 rate, 989 TFLOP/s (override with REMAT_PEAK_TFLOPS).
 --
--- The model is built from the names in DESIGN.md (nn.Embedding, nn.TransformerBlock,
+-- The model is built from the names of the API (README.md: nn.Embedding, nn.TransformerBlock,
 -- nn.LayerNorm, nn.Linear, model:checkpoint(remat.policy.*), optim.AdamW); every piece
 -- is guarded, so a build that lacks one reports what is missing instead of failing.
 --

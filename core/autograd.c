@@ -19,11 +19,12 @@ int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat) {
     }
   } else {
     rm_tensor *in[2] = { *acc, g };
-    rc = rm_tensor_is_contiguous(*acc) ? rm_op_into(ctx, RM_OP_ADD, 2, in, NULL, 1, acc) : RM_ERR_STATE;
-    if (rc == RM_ERR_STATE) {
+    if (rm_tensor_is_contiguous(*acc)) {
+      rc = rm_op_into(ctx, RM_OP_ADD, 2, in, NULL, 1, acc);
+    } else {   /* rm_op_into writes only contiguous tensors: a new sum replaces acc */
       rm_tensor *sum = rm_add(ctx, *acc, g);
       if (!sum) rc = ctx->err_code;
-      else { rm_tensor_drop(ctx, *acc); *acc = sum; rc = RM_OK; }
+      else { rm_tensor_drop(ctx, *acc); *acc = sum; }
     }
   }
   rm_scope_leave(ctx, &sc);
@@ -94,7 +95,7 @@ static int run_node(rm_ctx *ctx, rm_node *n) {
    * peaks on top of what the layer keeps, not on top of half-made gradients */
   int rc = RM_OK;
   for (int i = 0; i < n->nin && i < 32 && rc == RM_OK; i++)
-    if ((n->saved_in >> i) & 1u) rc = rm_tensor_data_ready(ctx, n->in[i]);
+    if (rm_node_saved_in(n, i)) rc = rm_tensor_data_ready(ctx, n->in[i]);
   for (int j = 0; j < n->nout && rc == RM_OK; j++)
     if (((n->saved_out >> j) & 1u) && n->out[j]) rc = rm_tensor_data_ready(ctx, n->out[j]);
   if (rc == RM_OK) rc = def->backward(ctx, n, n->gout, gin);

@@ -228,7 +228,7 @@ static int64_t below(uint64_t bits, uint64_t n) {
 }
 
 static void advance(rm_ctx *ctx, int64_t draws) {
-  ctx->rng_offset += (uint64_t)((2 * draws + 3) / 4) * 4;
+  ctx->rng_offset += rm_philox_advance(draws);
 }
 
 int rm_randperm(rm_ctx *ctx, int64_t n, int64_t *perm) {

@@ -47,6 +47,7 @@ const char *rm_status_name(int status) {
   case RM_ERR_IO: return "i/o error";
   case RM_ERR_STATE: return "invalid state";
   case RM_ERR_RUNTIME: return "runtime error";
+  case RM_ERR_LAYOUT: return "layout mismatch";
   default: return "unknown status";
   }
 }

@@ -6,6 +6,7 @@
 #include "backend.h"
 #include "op.h"
 #include "opcost.h"
+#include "philox.h"
 
 /* Strong references: every op in ops.def must be defined, and a static link pulls in
  * each family's object file. */
@@ -255,9 +256,15 @@ static int timed_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, c
   return rc;
 }
 
-/* One block per node: in, out, gout (tensor pointers), then the saved versions. */
+/* One block per node: in, out, gout (tensor pointers), the saved versions, then the
+ * per-input flags. */
 static size_t node_block_bytes(int nin, int nout) {
-  return sizeof(rm_tensor *) * (size_t)(2 * nin + 2 * nout + 1) + sizeof(uint32_t) * (size_t)(nin + nout);
+  return sizeof(rm_tensor *) * (size_t)(2 * nin + 2 * nout + 1) + sizeof(uint32_t) * (size_t)(nin + nout) +
+         (size_t)nin;
+}
+
+static bool saves_input(const rm_op_def *def, int i) {
+  return def->save_in == RM_NTH_ALL || (i < 32 && (def->save_in >> i) & 1u);
 }
 
 static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
@@ -280,15 +287,16 @@ static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   n->out = arr + nin;
   n->gout = arr + nin + def->nout;
   n->ver = (uint32_t *)(arr + 2 * nin + 2 * def->nout + 1);
+  n->in_flags = (uint8_t *)(n->ver + nin + def->nout);
   ctx->live_nodes++;
   for (int i = 0; i < nin; i++) {
     rm_tensor_retain(in[i]);
     n->in[i] = in[i];
     n->ver[i] = in[i]->storage ? in[i]->storage->version : 0;
-    if (in[i]->requires_grad) n->needs_grad |= 1u << i;
-    if ((def->save_in >> (i < 31 ? i : 31)) & 1u) {
+    if (in[i]->requires_grad) n->in_flags[i] |= RM_IN_GRAD;
+    if (saves_input(def, i)) {
       rm_tensor_use(in[i]);
-      n->saved_in |= 1u << (i < 31 ? i : 31);
+      n->in_flags[i] |= RM_IN_SAVED;
     }
   }
   for (int j = 0; j < def->nout; j++) {
@@ -329,8 +337,6 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_
     if (in[i]->requires_grad) grad = true;
   }
   grad = grad && ctx->grad_enabled && !(def->flags & RM_OPF_NODIFF);
-  if (grad && nin > 31) /* a node's per-input masks are 31 bits wide */
-    return rm_fail(ctx, RM_ERR_ARG, "%s: at most 31 inputs when recording gradients (got %d)", def->name, nin);
   if (def->flags & RM_OPF_RANDOM) {
     if (a != &local) local = *a, a = &local;
     local.seed = ctx->rng_seed;
@@ -348,7 +354,7 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_
   }
   if (def->flags & RM_OPF_RANDOM && a == &local) {
     int64_t numel = rm_tensor_numel(outs[0]);
-    ctx->rng_offset += (uint64_t)((2 * numel + 3) / 4) * 4;
+    ctx->rng_offset += rm_philox_advance(numel);
   }
   if (grad) {
     rm_node *n = record(ctx, op, nin, in, a, outs);
@@ -391,18 +397,18 @@ int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm
     if (!in[i]) return rm_fail(ctx, RM_ERR_ARG, "%s: input %d is missing", def->name, i + 1);
     if (rm_tensor_data_ready(ctx, in[i])) return rm_fail_prefix(ctx, def->name);
     if (!(def->flags & (RM_OPF_STRIDED | RM_OPF_BROADCAST)) && !rm_tensor_is_contiguous(in[i]))
-      return rm_fail(ctx, RM_ERR_ARG, "%s: input %d is not contiguous", def->name, i + 1);
+      return rm_fail(ctx, RM_ERR_LAYOUT, "%s: input %d is not contiguous", def->name, i + 1);
   }
   for (int j = 0; j < nout; j++) {
     if (!out[j]) return rm_fail(ctx, RM_ERR_ARG, "%s: output %d is missing", def->name, j + 1);
     if (!out[j]->storage) return rm_fail(ctx, RM_ERR_STATE, "%s: output has no data", def->name);
     if (!rm_tensor_is_contiguous(out[j]))
-      return rm_fail(ctx, RM_ERR_ARG, "%s: output %d is not contiguous", def->name, j + 1);
+      return rm_fail(ctx, RM_ERR_LAYOUT, "%s: output %d is not contiguous", def->name, j + 1);
   }
   /* the outputs must be what the op would make: kernels size their loops from them
    * (an op without inputs, fill, writes whatever it is given) */
   if (nin > 0) {
-    rm_meta meta[8];
+    rm_meta meta[RM_MAX_OUTPUTS];
     int rc = def->infer ? def->infer(ctx, nin, in, a, meta) : default_infer(ctx, def, nin, in, meta);
     if (rc) return rc;
     for (int j = 0; j < nout; j++) {
@@ -465,11 +471,14 @@ double rm_op_cost(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const
 void rm_node_retain(rm_node *n) { n->refcount++; }
 
 static void node_free_saved(rm_ctx *ctx, rm_node *n) {
-  for (int i = 0; i < n->nin && i < 32; i++)
-    if ((n->saved_in >> i) & 1u) rm_tensor_unuse(ctx, n->in[i]);
+  for (int i = 0; i < n->nin; i++)
+    if (rm_node_saved_in(n, i)) {
+      rm_tensor_unuse(ctx, n->in[i]);
+      n->in_flags[i] &= (uint8_t)~RM_IN_SAVED;
+    }
   for (int j = 0; j < n->nout; j++)
     if (((n->saved_out >> j) & 1u) && n->out[j]) rm_tensor_unuse(ctx, n->out[j]);
-  n->saved_in = n->saved_out = 0;
+  n->saved_out = 0;
   if (n->pinned) {
     n->pinned->pins--;
     rm_tensor_drop(ctx, n->pinned);
@@ -515,9 +524,9 @@ static int check_version(rm_ctx *ctx, rm_node *n, int k) {
 }
 
 int rm_node_check_saved(rm_ctx *ctx, rm_node *n) {
-  for (int i = 0; i < n->nin && i < 32; i++)
-    if ((n->saved_in >> i) & 1u && check_version(ctx, n, i)) return ctx->err_code;
-  for (int j = 0; j < n->nout && j < 32; j++)
+  for (int i = 0; i < n->nin; i++)
+    if (rm_node_saved_in(n, i) && check_version(ctx, n, i)) return ctx->err_code;
+  for (int j = 0; j < n->nout; j++)
     if ((n->saved_out >> j) & 1u && check_version(ctx, n, n->nin + j)) return ctx->err_code;
   return RM_OK;
 }
@@ -525,7 +534,7 @@ int rm_node_check_saved(rm_ctx *ctx, rm_node *n) {
 rm_tensor *rm_node_input(rm_ctx *ctx, rm_node *n, int i) {
   rm_tensor *t = n->in[i];
   if (rm_tensor_data_ready(ctx, t)) return NULL;
-  if (i < 32 && (n->saved_in >> i) & 1u && check_version(ctx, n, i)) return NULL;
+  if (rm_node_saved_in(n, i) && check_version(ctx, n, i)) return NULL;
   return t;
 }
 
@@ -536,7 +545,7 @@ rm_tensor *rm_node_output(rm_ctx *ctx, rm_node *n, int j) {
     return NULL;
   }
   if (rm_tensor_data_ready(ctx, t)) return NULL;
-  if (j < 32 && (n->saved_out >> j) & 1u && check_version(ctx, n, n->nin + j)) return NULL;
+  if ((n->saved_out >> j) & 1u && check_version(ctx, n, n->nin + j)) return NULL;
   return t;
 }
 

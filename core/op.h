@@ -73,15 +73,20 @@ enum {
   RM_OPF_INTERNAL = 32,   /* a backward helper, not part of the user-facing API */
 };
 
+/* save_in, save_out and nodiff_out name inputs / outputs by position: RM_NTH(0) |
+ * RM_NTH(2) is the first and the third; RM_NTH_ALL every one (variadic inputs). */
+#define RM_NTH(i) (1u << (i))
+#define RM_NTH_ALL (~0u)
+
 typedef struct rm_op_def {
   const char *name;
   int nin;                /* -1: variadic (concat) */
   int nout;               /* outputs; the first `nvis` are returned to the caller, the */
   int nvis;               /* rest are extras kept for backward (e.g. layernorm's mean) */
   unsigned flags;
-  unsigned save_in;       /* bit i: backward reads input i (variadic: ~0u = all) */
-  unsigned save_out;      /* bit j: backward reads output j */
-  unsigned nodiff_out;    /* bit j: visible output j is not differentiable (indices) */
+  unsigned save_in;       /* RM_NTH(i): backward reads input i (RM_NTH_ALL: every input) */
+  unsigned save_out;      /* RM_NTH(j): backward reads output j */
+  unsigned nodiff_out;    /* RM_NTH(j): visible output j is not differentiable (indices) */
   /* Checks inputs and attrs, fills out[0..nout-1]. NULL: elementwise default (one
    * input: same meta; several: broadcast shape, all dtypes and devices equal). */
   int (*infer)(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out);
@@ -105,8 +110,8 @@ struct rm_node {
   rm_tensor **in;           /* strong: graph edges (data held only when saved) */
   rm_tensor **out;          /* differentiable outputs: weak; extras: strong */
   rm_tensor **gout;         /* gradients accumulated during backward */
-  unsigned needs_grad;      /* bit i: input i requires grad */
-  unsigned saved_in, saved_out; /* which data this node holds a use of */
+  uint8_t *in_flags;        /* per input: RM_IN_GRAD, RM_IN_SAVED (any number of inputs) */
+  unsigned saved_out;       /* RM_NTH(j): this node holds a use of output j's data */
   uint32_t *ver;            /* storage versions of in[0..nin-1], out[0..nout-1] when recorded */
   rm_tensor *pinned;        /* a boundary input held (pinned) until this node's backward */
   bool done;                /* backward already ran (second backward is an error) */
@@ -155,9 +160,10 @@ double rm_op_cost(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const
  * it was evicted). Borrowed reference; NULL with an error set on failure. */
 rm_tensor *rm_node_input(rm_ctx *ctx, rm_node *n, int i);
 rm_tensor *rm_node_output(rm_ctx *ctx, rm_node *n, int j);
-static inline bool rm_node_needs_grad(const rm_node *n, int i) {
-  return (n->needs_grad >> i) & 1u;
-}
+enum { RM_IN_GRAD = 1, RM_IN_SAVED = 2 };   /* rm_node.in_flags */
+static inline bool rm_node_needs_grad(const rm_node *n, int i) { return n->in_flags[i] & RM_IN_GRAD; }
+/* Whether n holds a use of input i's data for its backward. */
+static inline bool rm_node_saved_in(const rm_node *n, int i) { return n->in_flags[i] & RM_IN_SAVED; }
 
 /* Errors (naming the tensor and n's op) when data n saved for backward was written in
  * place since n recorded it: its backward, or a replay, would use the new values. */

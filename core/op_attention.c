@@ -134,7 +134,7 @@ static double attention_bw_flops(int nin, rm_tensor *const *in, const rm_attrs *
 /* ---- definitions ---- */
 
 const rm_op_def rm_opdef_attention = { .name = "attention", .nin = 3, .nout = 2, .nvis = 1,
-  .flags = RM_OPF_STRIDED, .save_in = 7, .save_out = 3, .infer = attention_infer, .backward = attention_backward,
+  .flags = RM_OPF_STRIDED, .save_in = RM_NTH(0) | RM_NTH(1) | RM_NTH(2), .save_out = RM_NTH(0) | RM_NTH(1), .infer = attention_infer, .backward = attention_backward,
   .flops = attention_flops };
 const rm_op_def rm_opdef_attention_backward = { .name = "attention_backward", .nin = 6, .nout = 3,
   .nvis = 3, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL | RM_OPF_STRIDED, .infer = attention_bw_infer,

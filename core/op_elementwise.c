@@ -438,10 +438,10 @@ COST(data_movement, 0)
 
 BINARY(add, add_backward, 0, NULL)
 BINARY(sub, sub_backward, 0, NULL)
-BINARY(mul, mul_backward, 3, NULL)
-BINARY(div, div_backward, 3, NULL)
-BINARY(pow, pow_backward, 3, pow_flops)
-BINARY(maximum, maximum_backward, 3, NULL)
+BINARY(mul, mul_backward, RM_NTH(0) | RM_NTH(1), NULL)
+BINARY(div, div_backward, RM_NTH(0) | RM_NTH(1), NULL)
+BINARY(pow, pow_backward, RM_NTH(0) | RM_NTH(1), pow_flops)
+BINARY(maximum, maximum_backward, RM_NTH(0) | RM_NTH(1), NULL)
 
 COMPARE(eq)
 COMPARE(ne)
@@ -452,27 +452,27 @@ COMPARE(ge)
 
 UNARY(add_scalar, pass_backward, 0, 0, NULL)
 UNARY(mul_scalar, mul_scalar_backward, 0, 0, NULL)
-UNARY(pow_scalar, pow_scalar_backward, 1, 0, pow_scalar_flops)
-UNARY(rdiv_scalar, rdiv_scalar_backward, 1, 0, NULL)
+UNARY(pow_scalar, pow_scalar_backward, RM_NTH(0), 0, pow_scalar_flops)
+UNARY(rdiv_scalar, rdiv_scalar_backward, RM_NTH(0), 0, NULL)
 
 UNARY(neg, neg_backward, 0, 0, NULL)
-UNARY(exp, exp_backward, 0, 1, exp_flops)
-UNARY(log, log_backward, 1, 0, log_flops)
-UNARY(tanh, tanh_backward, 0, 1, tanh_flops)
-UNARY(sqrt, sqrt_backward, 0, 1, sqrt_flops)
-UNARY(abs, abs_backward, 1, 0, NULL)
-UNARY(relu, relu_backward, 0, 1, NULL)
-UNARY(gelu, gelu_backward, 1, 0, gelu_flops)
-UNARY(silu, silu_backward, 1, 0, silu_flops)
-UNARY(sigmoid, sigmoid_backward, 0, 1, sigmoid_flops)
+UNARY(exp, exp_backward, 0, RM_NTH(0), exp_flops)
+UNARY(log, log_backward, RM_NTH(0), 0, log_flops)
+UNARY(tanh, tanh_backward, 0, RM_NTH(0), tanh_flops)
+UNARY(sqrt, sqrt_backward, 0, RM_NTH(0), sqrt_flops)
+UNARY(abs, abs_backward, RM_NTH(0), 0, NULL)
+UNARY(relu, relu_backward, 0, RM_NTH(0), NULL)
+UNARY(gelu, gelu_backward, RM_NTH(0), 0, gelu_flops)
+UNARY(silu, silu_backward, RM_NTH(0), 0, silu_flops)
+UNARY(sigmoid, sigmoid_backward, 0, RM_NTH(0), sigmoid_flops)
 UNARY(copy, pass_backward, 0, 0, data_movement_flops)
 
 /* clamp: lo, hi (-inf / inf: none); NaN stays NaN. */
 const rm_op_def rm_opdef_clamp = { .name = "clamp", .nin = 1, .nout = 1, .nvis = 1,
-  .flags = RM_OPF_STRIDED, .save_in = 1, .infer = clamp_infer, .backward = clamp_backward };
+  .flags = RM_OPF_STRIDED, .save_in = RM_NTH(0), .infer = clamp_infer, .backward = clamp_backward };
 
 const rm_op_def rm_opdef_where = { .name = "where", .nin = 3, .nout = 1, .nvis = 1,
-  .flags = EW_BINARY, .save_in = 1, .backward = where_backward, .flops = where_flops };
+  .flags = EW_BINARY, .save_in = RM_NTH(0), .backward = where_backward, .flops = where_flops };
 
 /* gelu_backward(x, g) = g gelu'(x); silu_backward(x, g) = g silu'(x). */
 const rm_op_def rm_opdef_gelu_backward = { .name = "gelu_backward", .nin = 2, .nout = 1, .nvis = 1,

@@ -114,7 +114,7 @@ static int index_select_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, r
 }
 
 const rm_op_def rm_opdef_index_select = {
-  .name = "index_select", .nin = 2, .nout = 1, .nvis = 1, .save_in = 2,
+  .name = "index_select", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(1),
   .infer = index_select_infer, .backward = index_select_backward,
 };
 
@@ -157,7 +157,7 @@ static int gather_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
 }
 
 const rm_op_def rm_opdef_gather = {
-  .name = "gather", .nin = 2, .nout = 1, .nvis = 1, .save_in = 2,
+  .name = "gather", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(1),
   .infer = gather_infer, .backward = gather_backward,
 };
 
@@ -242,7 +242,7 @@ static int embedding_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_t
 }
 
 const rm_op_def rm_opdef_embedding = {
-  .name = "embedding", .nin = 2, .nout = 1, .nvis = 1, .save_in = 2,
+  .name = "embedding", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(1),
   .infer = embedding_infer, .backward = embedding_backward,
 };
 

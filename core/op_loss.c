@@ -62,7 +62,7 @@ static double cross_entropy_flops(int nin, rm_tensor *const *in, const rm_attrs 
 }
 
 const rm_op_def rm_opdef_cross_entropy = {
-  .name = "cross_entropy", .nin = 2, .nout = 1, .nvis = 1, .save_in = 3,
+  .name = "cross_entropy", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(0) | RM_NTH(1),
   .infer = cross_entropy_infer, .backward = cross_entropy_backward, .flops = cross_entropy_flops,
 };
 
@@ -130,6 +130,6 @@ static double mse_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const 
 }
 
 const rm_op_def rm_opdef_mse = {
-  .name = "mse", .nin = 2, .nout = 1, .nvis = 1, .save_in = 3,
+  .name = "mse", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(0) | RM_NTH(1),
   .infer = mse_infer, .backward = mse_backward, .flops = mse_flops,
 };

@@ -125,7 +125,7 @@ static double matmul_flops(int nin, rm_tensor *const *in, const rm_attrs *a, con
 }
 
 const rm_op_def rm_opdef_matmul = { .name = "matmul", .nin = 2, .nout = 1, .nvis = 1,
-  .flags = RM_OPF_STRIDED, .save_in = 3, .infer = matmul_infer, .backward = matmul_backward,
+  .flags = RM_OPF_STRIDED, .save_in = RM_NTH(0) | RM_NTH(1), .infer = matmul_infer, .backward = matmul_backward,
   .flops = matmul_flops };
 
 /* ---- linear: inputs x (..., in), w (out, in), optional b (out) ---- */
@@ -193,5 +193,5 @@ static double linear_flops(int nin, rm_tensor *const *in, const rm_attrs *a, con
 }
 
 const rm_op_def rm_opdef_linear = { .name = "linear", .nin = -1, .nout = 1, .nvis = 1,
-  .flags = RM_OPF_STRIDED, .save_in = 3, .infer = linear_infer, .backward = linear_backward,
+  .flags = RM_OPF_STRIDED, .save_in = RM_NTH(0) | RM_NTH(1), .infer = linear_infer, .backward = linear_backward,
   .flops = linear_flops };

@@ -169,13 +169,13 @@ static double norm_bw_flops(int nin, rm_tensor *const *in, const rm_attrs *a, co
 /* ---- definitions ---- */
 
 const rm_op_def rm_opdef_layernorm = { .name = "layernorm", .nin = -1, .nout = 3, .nvis = 1,
-  .save_in = 3, .save_out = 6, .infer = layernorm_infer, .backward = layernorm_backward,
+  .save_in = RM_NTH(0) | RM_NTH(1), .save_out = RM_NTH(1) | RM_NTH(2), .infer = layernorm_infer, .backward = layernorm_backward,
   .flops = layernorm_flops };
 const rm_op_def rm_opdef_layernorm_backward = { .name = "layernorm_backward", .nin = -1,
   .nout = 3, .nvis = 3, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL, .infer = layernorm_bw_infer,
   .flops = norm_bw_flops };
 const rm_op_def rm_opdef_rmsnorm = { .name = "rmsnorm", .nin = -1, .nout = 2, .nvis = 1,
-  .save_in = 3, .save_out = 2, .infer = rmsnorm_infer, .backward = rmsnorm_backward,
+  .save_in = RM_NTH(0) | RM_NTH(1), .save_out = RM_NTH(1), .infer = rmsnorm_infer, .backward = rmsnorm_backward,
   .flops = rmsnorm_flops };
 const rm_op_def rm_opdef_rmsnorm_backward = { .name = "rmsnorm_backward", .nin = -1,
   .nout = 2, .nvis = 2, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL, .infer = rmsnorm_bw_infer,

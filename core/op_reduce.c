@@ -305,16 +305,16 @@ const rm_op_def rm_opdef_sum = { .name = "sum", .nin = 1, .nout = 1, .nvis = 1,
 const rm_op_def rm_opdef_mean = { .name = "mean", .nin = 1, .nout = 1, .nvis = 1,
   .infer = mean_infer, .backward = mean_backward, .flops = in_numel_flops };
 const rm_op_def rm_opdef_max = { .name = "max", .nin = 1, .nout = 2, .nvis = 2,
-  .save_out = 2, .nodiff_out = 2,
+  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1),
   .infer = max_infer, .backward = max_backward, .flops = in_numel_flops };
 const rm_op_def rm_opdef_argmax = { .name = "argmax", .nin = 1, .nout = 1, .nvis = 1,
   .flags = RM_OPF_NODIFF, .infer = argmax_infer, .flops = in_numel_flops };
 const rm_op_def rm_opdef_sum_to = { .name = "sum_to", .nin = 1, .nout = 1, .nvis = 1,
   .infer = sum_to_infer, .backward = sum_to_backward, .flops = in_numel_flops };
 const rm_op_def rm_opdef_softmax = { .name = "softmax", .nin = 1, .nout = 1, .nvis = 1,
-  .save_out = 1, .infer = softmax_infer, .backward = softmax_backward, .flops = softmax_flops };
+  .save_out = RM_NTH(0), .infer = softmax_infer, .backward = softmax_backward, .flops = softmax_flops };
 const rm_op_def rm_opdef_log_softmax = { .name = "log_softmax", .nin = 1, .nout = 1, .nvis = 1,
-  .save_out = 1, .infer = log_softmax_infer, .backward = log_softmax_backward, .flops = softmax_flops };
+  .save_out = RM_NTH(0), .infer = log_softmax_infer, .backward = log_softmax_backward, .flops = softmax_flops };
 const rm_op_def rm_opdef_softmax_backward = { .name = "softmax_backward", .nin = 2, .nout = 1,
   .nvis = 1, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL, .infer = softmax_bw_infer, .flops = softmax_flops };
 const rm_op_def rm_opdef_log_softmax_backward = { .name = "log_softmax_backward", .nin = 2,

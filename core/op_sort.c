@@ -198,10 +198,10 @@ rm_tensor *rm_cumsum(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool reverse) {
 /* ---- definitions ---- */
 
 const rm_op_def rm_opdef_min = { .name = "min", .nin = 1, .nout = 2, .nvis = 2,
-  .save_out = 2, .nodiff_out = 2, .infer = min_infer, .backward = min_backward, .flops = numel_flops };
+  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .infer = min_infer, .backward = min_backward, .flops = numel_flops };
 const rm_op_def rm_opdef_sort = { .name = "sort", .nin = 1, .nout = 2, .nvis = 2,
-  .save_out = 2, .nodiff_out = 2, .infer = sort_infer, .backward = sort_backward, .flops = sort_flops };
+  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .infer = sort_infer, .backward = sort_backward, .flops = sort_flops };
 const rm_op_def rm_opdef_topk = { .name = "topk", .nin = 1, .nout = 2, .nvis = 2,
-  .save_out = 2, .nodiff_out = 2, .infer = topk_infer, .backward = sort_backward, .flops = topk_flops };
+  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .infer = topk_infer, .backward = sort_backward, .flops = topk_flops };
 const rm_op_def rm_opdef_cumsum = { .name = "cumsum", .nin = 1, .nout = 1, .nvis = 1,
   .infer = cumsum_infer, .backward = cumsum_backward, .flops = numel_flops };

@@ -16,7 +16,7 @@ static int view_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs
                    rm_shape_str(a->ndim, a->shape, s2, sizeof s2));
   }
   if (!rm_tensor_is_contiguous(in[0]))
-    return rm_fail(ctx, RM_ERR_SHAPE, "view: the tensor is not contiguous (use reshape or contiguous)");
+    return rm_fail(ctx, RM_ERR_LAYOUT, "view: the tensor is not contiguous (use reshape or contiguous)");
   out[0] = m;
   return RM_OK;
 }

@@ -2,7 +2,7 @@
  * CPU and CUDA kernels so that a (seed, offset) gives the same bits on every device.
  * Element e of a random op at offset o: uniform uses counter o/4 + e/4, lane e%4;
  * normal uses counter o/4 + e/2, lanes 2(e%2) and 2(e%2)+1 (Box-Muller). An op
- * advances the generator by 2*numel rounded up to 4, whatever its kind. */
+ * advances the generator by rm_philox_advance(numel), whatever its kind. */
 #ifndef REMAT_PHILOX_H
 #define REMAT_PHILOX_H
 
@@ -26,6 +26,13 @@ RM_HD void rm_philox(uint64_t counter, uint64_t key, uint32_t out[4]) {
   }
   out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
 }
+
+/* How far a random op of n elements advances the generator's offset (in 32-bit words):
+ * a normal draw takes 2 words per element and a uniform one 1; every op advances by
+ * the larger, 2n, so that both kinds leave the same state, rounded up to a whole
+ * counter (4 words), so that the next op starts on a fresh counter and shares no word
+ * with this one. */
+RM_HD uint64_t rm_philox_advance(int64_t n) { return (uint64_t)((2 * n + 3) / 4) * 4; }
 
 /* Uniform in (0, 1]. */
 RM_HD double rm_rand_uniform(uint64_t seed, uint64_t offset, int64_t e) {

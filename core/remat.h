@@ -12,8 +12,9 @@
  *
  * Memory: the context's own allocations (the context, storage headers, tape nodes,
  * modules, plans, file-format buffers) come from its rm_host_alloc. Tensor data comes
- * from the device backend (CPU: 64-byte aligned blocks from the C library; CUDA: the
- * device), counted by rm_memory_live and capped by rm_set_memory_limit. The C library
+ * from the device backend (CPU: 64-byte aligned blocks from rm_host_alloc too, freed
+ * large ones kept in a cache that rm_ctx_free gives back; CUDA: the device), counted
+ * by rm_memory_live and capped by rm_set_memory_limit. The C library
  * and zlib keep their own buffers while a file is read or written. A lua_State's own
  * memory comes from the lua_Alloc the host gave lua_newstate.
  *
@@ -50,7 +51,8 @@ typedef enum {
   RM_ERR_OOM,      /* allocation failed or exceeded the limit */
   RM_ERR_IO,       /* file or format error */
   RM_ERR_STATE,    /* freed tensor, released data, misuse of the tape */
-  RM_ERR_RUNTIME   /* backend failure (CUDA call, BLAS), or an error raised by Lua code */
+  RM_ERR_RUNTIME,  /* backend failure (CUDA call, BLAS), or an error raised by Lua code */
+  RM_ERR_LAYOUT    /* a tensor's memory layout does not fit (not contiguous where it must be) */
 } rm_status;
 
 typedef struct rm_ctx rm_ctx;

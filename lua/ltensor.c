@@ -873,6 +873,8 @@ void rm_lua_open_tensor(lua_State *L) {
   lua_setfield(L, -2, "dtypes");
   push_names(L, RM_DEVICE_COUNT, device_name_i);
   lua_setfield(L, -2, "devices");
+  lua_pushinteger(L, RM_MAX_DIM);
+  lua_setfield(L, -2, "MAX_DIM");
   lua_createtable(L, 0, RM_OP_COUNT);  /* C.ops: name -> id, for C.op and C.op_into */
   for (int i = 0; i < RM_OP_COUNT; i++) {
     lua_pushinteger(L, i);

@@ -40,6 +40,37 @@ describe("the core's layers", function()
   end)
 end)
 
+describe("smaller debts", function()
+  it("an op records gradients for any number of inputs (per-input flags, not a 31-bit mask)", function()
+    local xs = {}
+    for i = 1, 40 do xs[i] = remat.tensor({ i, -i }):requires_grad(true) end
+    local y = remat.cat(xs)
+    assert.are.same({ 80 }, y:size())
+    local w = {}
+    for k = 1, 80 do w[k] = k end
+    (y * remat.tensor(w)):sum():backward()
+    for i = 1, 40 do assert.are.same({ 2 * i - 1, 2 * i }, xs[i].grad:totable()) end
+  end)
+
+  it("no (void) casts of parameters (the Makefile passes -Wno-unused-parameter)", function()
+    for _, f in ipairs(ls("core/*.c core/*.h lua/*.c kernels/cpu/*.c kernels/cuda/*.cu kernels/cuda/*.cuh dist/*.c")) do
+      local src = files.read(f)
+      for _, name in ipairs { "ctx", "nin", "nout", "in", "out", "a", "n", "L", "ud", "ev" } do
+        assert.is_nil(src:find("(void)" .. name .. ";", 1, true), f .. " casts " .. name .. " to void")
+      end
+    end
+  end)
+
+  it("the Lua library takes the most dimensions from C, not a literal 8", function()
+    assert.is_true(C.MAX_DIM >= 4)
+    local shape = {}
+    for k = 1, C.MAX_DIM + 1 do shape[k] = 1 end
+    assert.error_matches(function() remat.zeros(table.unpack(shape)) end,
+                         "at most " .. C.MAX_DIM .. " dimensions")
+    assert.is_nil(files.read("lua/remat/tensor.lua"):find("> 8 then", 1, true))
+  end)
+end)
+
 describe("scoped state", function()
   it("no_grad restores grad mode when fn fails", function()
     assert.is_true(remat.grad_enabled())

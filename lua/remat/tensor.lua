@@ -22,6 +22,7 @@ remat.Tensor = Tensor
 -- core/ops.def declares them: op(O.sum, { dim = 0, keepdim = true }, x).
 local op, O = C.op, C.ops
 local DIM_ALL = math.mininteger
+local MAX_DIM = C.MAX_DIM   -- RM_MAX_DIM
 local DTYPE_ID, DEVICE_ID = C.dtypes, C.devices
 local DTYPE_ALIAS = { float = "float32", double = "float64", half = "float16", bf16 = "bfloat16" }
 
@@ -119,7 +120,7 @@ end
 
 local function check_sizes(fn, s)
   local out = {}
-  if #s > 8 then fail(("%s: at most 8 dimensions (got %d)"):format(fn, #s)) end
+  if #s > MAX_DIM then fail(("%s: at most %d dimensions (got %d)"):format(fn, MAX_DIM, #s)) end
   for i = 1, #s do
     local v = check_int(fn, s[i], "size " .. i)
     if v < 0 then fail(("%s: size %d is negative (%d)"):format(fn, i, v)) end
@@ -225,7 +226,7 @@ local function flatten(fn, data)
   local shape, v = {}, data
   while type(v) == "table" and not is_tensor(v) do
     shape[#shape + 1] = #v
-    if #shape > 8 then fail(fn .. ": more than 8 levels of nesting") end
+    if #shape > MAX_DIM then fail(("%s: more than %d levels of nesting"):format(fn, MAX_DIM)) end
     v = v[1]
   end
   local flat = {}
@@ -333,7 +334,7 @@ local function target_sizes(fn, x, ...)
   local s = ...
   if type(s) ~= "table" then s = { ... } end
   local out, infer, known = {}, nil, 1
-  if #s > 8 then fail(("%s: at most 8 dimensions (got %d)"):format(fn, #s)) end
+  if #s > MAX_DIM then fail(("%s: at most %d dimensions (got %d)"):format(fn, MAX_DIM, #s)) end
   for i = 1, #s do
     local v = check_int(fn, s[i], "size " .. i)
     if v == -1 then
@@ -425,7 +426,7 @@ function Tensor:expand(...)
   if type(s) ~= "table" then s = { ... } end
   local cur = info(self)
   local out, off = {}, #s - #cur
-  if #s > 8 then fail(("expand: at most 8 dimensions (got %d)"):format(#s)) end
+  if #s > MAX_DIM then fail(("expand: at most %d dimensions (got %d)"):format(MAX_DIM, #s)) end
   for i = 1, #s do
     local v = check_int("expand", s[i], "size " .. i)
     if v == -1 then
@@ -476,7 +477,7 @@ function Tensor:repeat_tensor(...)
   if #r < #shape then
     fail(("repeat_tensor: %d counts for a %d-d tensor (at least one per dimension)"):format(#r, #shape))
   end
-  if 2 * #r > 8 then fail(("repeat_tensor: at most 4 counts (got %d)"):format(#r)) end
+  if 2 * #r > MAX_DIM then fail(("repeat_tensor: at most %d counts (got %d)"):format(MAX_DIM // 2, #r)) end
   local lead = #r - #shape
   local src, expd, final = {}, {}, {}
   for k = 1, #r do
