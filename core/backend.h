@@ -11,6 +11,19 @@
 typedef int (*rm_kernel_fn)(rm_ctx *ctx, int nin, rm_tensor *const *in,
                             int nout, rm_tensor *const *out, const rm_attrs *a);
 
+/* RM_IF_KERNEL(family, code...): code, unless family (an X entry's in core/ops.def) is
+ * `view`, whose ops have no kernel. Backends wrap each op's kernel declaration and
+ * table entry in it, so that no list of families is kept anywhere but ops.def. */
+#define RM_IF_KERNEL(family, ...) RM_IFK_CAT(RM_IFK_, RM_IFK_IS_VIEW(family))(__VA_ARGS__)
+#define RM_IFK_CAT(a, b) RM_IFK_CAT_(a, b)
+#define RM_IFK_CAT_(a, b) a##b
+#define RM_IFK_IS_VIEW(family) RM_IFK_SECOND(RM_IFK_PROBE_##family, 0, ~)
+#define RM_IFK_SECOND(...) RM_IFK_SECOND_(__VA_ARGS__)
+#define RM_IFK_SECOND_(a, b, ...) b
+#define RM_IFK_PROBE_view ~, 1
+#define RM_IFK_0(...) __VA_ARGS__
+#define RM_IFK_1(...)
+
 typedef struct rm_backend {
   const char *name;
   rm_device device;

@@ -54,10 +54,9 @@ const char *rm_errmsg(const rm_ctx *ctx) { return ctx ? ctx->err : "no context";
 int rm_fail(rm_ctx *ctx, rm_status code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+  int rc = rm_failv(ctx, code, fmt, ap);
   va_end(ap);
-  ctx->err_code = code;
-  return code;
+  return rc;
 }
 
 int rm_fail_prefix(rm_ctx *ctx, const char *what) {

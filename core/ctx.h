@@ -4,6 +4,9 @@
 #ifndef REMAT_CTX_H
 #define REMAT_CTX_H
 
+#include <stdarg.h>
+#include <stdio.h>
+
 #include "hook.h"
 #include "types.h"
 #include "remat.h"
@@ -95,6 +98,13 @@ void rm_set_grad_enabled(rm_ctx *ctx, bool on);
  * `return rm_fail(ctx, RM_ERR_SHAPE, "...", ...)`. */
 int rm_fail(rm_ctx *ctx, rm_status code, const char *fmt, ...)
   __attribute__((format(printf, 3, 4)));
+/* rm_fail's body, inline: the CUDA plugin, which links no core symbol, records its
+ * errors through it too (cu_fail). */
+static inline int rm_failv(rm_ctx *ctx, rm_status code, const char *fmt, va_list ap) {
+  vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+  ctx->err_code = code;
+  return code;
+}
 /* Prepends "what: " to the current message (adds context on the way up). */
 int rm_fail_prefix(rm_ctx *ctx, const char *what);
 void rm_clear_error(rm_ctx *ctx);

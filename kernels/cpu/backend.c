@@ -5,34 +5,7 @@
 
 /* One kernel per op, except view ops (no kernel: they only make a new geometry).
  * Strong references, so that a static link pulls in every family's object file. */
-#define KERNEL_view(ID, name)
-#define KERNEL_ANY(ID, name) [RM_OP_##ID] = rm_cpu_##name,
-#define KERNEL_elementwise KERNEL_ANY
-#define KERNEL_random KERNEL_ANY
-#define KERNEL_reduce KERNEL_ANY
-#define KERNEL_matmul KERNEL_ANY
-#define KERNEL_norm KERNEL_ANY
-#define KERNEL_index KERNEL_ANY
-#define KERNEL_loss KERNEL_ANY
-#define KERNEL_optim KERNEL_ANY
-#define KERNEL_attention KERNEL_ANY
-#define KERNEL_sort KERNEL_ANY
-#define KERNEL_conv KERNEL_ANY
-#define DECL_view(ID, name)
-#define DECL_ANY(ID, name) RM_CPU_KERNEL(name);
-#define DECL_elementwise DECL_ANY
-#define DECL_random DECL_ANY
-#define DECL_reduce DECL_ANY
-#define DECL_matmul DECL_ANY
-#define DECL_norm DECL_ANY
-#define DECL_index DECL_ANY
-#define DECL_loss DECL_ANY
-#define DECL_optim DECL_ANY
-#define DECL_attention DECL_ANY
-#define DECL_sort DECL_ANY
-#define DECL_conv DECL_ANY
-
-#define X(ID, name, family, set) DECL_##family(ID, name)
+#define X(ID, name, family, set) RM_IF_KERNEL(family, RM_CPU_KERNEL(name);)
 #include "../../core/ops.def"
 #undef X
 
@@ -59,7 +32,7 @@ const rm_backend rm_cpu_backend = {
   .supports_dtype = { [RM_F32] = true, [RM_F64] = true },
   .flops_per_byte = 8.0, /* ~200 GFLOP/s of GEMM over ~25 GB/s of streaming, 2 cores */
   .kernel = {
-#define X(ID, name, family, set) KERNEL_##family(ID, name)
+#define X(ID, name, family, set) RM_IF_KERNEL(family, [RM_OP_##ID] = rm_cpu_##name,)
 #include "../../core/ops.def"
 #undef X
   },

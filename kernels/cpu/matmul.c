@@ -6,28 +6,9 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "../blas_layout.h"
 
-/* A matrix as BLAS sees it (row-major layout throughout). */
-typedef struct {
-  int tr;             /* RM_BLAS_NOTRANS or RM_BLAS_TRANS */
-  int64_t ld;
-} blasmat;
-
-/* Whether a rows x cols matrix with strides (sr, sc) can be passed to BLAS directly;
- * fills m when it can. Size-1 dims may have any stride. */
-static bool as_blas(int64_t rows, int64_t cols, int64_t sr, int64_t sc, blasmat *m) {
-  if ((cols == 1 || sc == 1) && (rows == 1 || sr >= cols)) {
-    m->tr = RM_BLAS_NOTRANS;
-    m->ld = rows == 1 ? (cols > 1 ? cols : 1) : sr;
-    return m->ld < INT_MAX;
-  }
-  if ((rows == 1 || sr == 1) && (cols == 1 || sc >= rows)) {
-    m->tr = RM_BLAS_TRANS;
-    m->ld = cols == 1 ? (rows > 1 ? rows : 1) : sc;
-    return m->ld < INT_MAX;
-  }
-  return false;
-}
+typedef rm_blasmat blasmat;
 
 /* A contiguous workspace copy of t (new hold), or NULL with the ctx error set. */
 static rm_tensor *workspace_copy(rm_ctx *ctx, rm_tensor *t) {
@@ -40,7 +21,8 @@ static rm_tensor *workspace_copy(rm_ctx *ctx, rm_tensor *t) {
 /* C (m x n, ldc) = op(A) op(B) + beta * C, in dt. */
 static void gemm(rm_ctx *ctx, rm_dtype dt, blasmat ma, blasmat mb, int64_t m, int64_t n, int64_t k,
                  const void *a, const void *b, double beta, void *c, int64_t ldc) {
-  rm_cpu_gemm(ctx, rm_cpu_blas_of(ctx), dt, ma.tr, mb.tr, m, n, k, a, ma.ld, b, mb.ld, beta, c, ldc);
+  rm_cpu_gemm(ctx, rm_cpu_blas_of(ctx), dt, ma.tr ? RM_BLAS_TRANS : RM_BLAS_NOTRANS,
+              mb.tr ? RM_BLAS_TRANS : RM_BLAS_NOTRANS, m, n, k, a, ma.ld, b, mb.ld, beta, c, ldc);
 }
 
 /* One operand of matmul seen as a batch of (rows x cols) matrices; 1-D operands are
@@ -74,11 +56,11 @@ static void operand_geo(operand *o, rm_tensor *t, bool left) {
 static int operand_prepare(rm_ctx *ctx, operand *o, rm_tensor *t, bool left, rm_tensor **copy) {
   *copy = NULL;
   operand_geo(o, t, left);
-  if (as_blas(o->rows, o->cols, o->sr, o->sc, &o->bm)) return RM_OK;
+  if (rm_as_blas(o->rows, o->cols, o->sr, o->sc, &o->bm)) return RM_OK;
   *copy = workspace_copy(ctx, t);
   if (!*copy) return ctx->err_code;
   operand_geo(o, *copy, left);
-  as_blas(o->rows, o->cols, o->sr, o->sc, &o->bm);
+  rm_as_blas(o->rows, o->cols, o->sr, o->sc, &o->bm);
   return RM_OK;
 }
 
@@ -123,7 +105,7 @@ RM_CPU_KERNEL(matmul) {
   char *py = rm_tensor_ptr(y);
 
   /* One call when B is shared by every batch and A's batches stack into rows. */
-  bool fold = A.bm.tr == RM_BLAS_NOTRANS;
+  bool fold = !A.bm.tr;
   int64_t expect = M * A.bm.ld;
   for (int d = nb - 1; d >= 0 && fold; d--) {
     if (bshape[d] == 1) continue;
@@ -188,16 +170,16 @@ RM_CPU_KERNEL(linear) {
   else if (x->ndim == 2) { sr = x->stride[0]; sc = x->stride[1]; }
   else if (rm_tensor_is_contiguous(x)) { sr = fin; sc = 1; }
   else { sr = 0; sc = 0; }
-  if ((x->ndim > 2 && !rm_tensor_is_contiguous(x)) || !as_blas(R, fin, sr, sc, &mx)) {
+  if ((x->ndim > 2 && !rm_tensor_is_contiguous(x)) || !rm_as_blas(R, fin, sr, sc, &mx)) {
     if (!(cx = workspace_copy(ctx, x))) return ctx->err_code;
     x = cx;
-    as_blas(R, fin, fin, 1, &mx);
+    rm_as_blas(R, fin, fin, 1, &mx);
   }
   /* W^T as in x out: element (i, o) is w[o, i] */
-  if (!as_blas(fin, fout, w->stride[1], w->stride[0], &mw)) {
+  if (!rm_as_blas(fin, fout, w->stride[1], w->stride[0], &mw)) {
     if (!(cw = workspace_copy(ctx, w))) { rc = ctx->err_code; goto done; }
     w = cw;
-    as_blas(fin, fout, 1, fin, &mw);
+    rm_as_blas(fin, fout, 1, fin, &mw);
   }
   gemm(ctx, y->dtype, mx, mw, R, fout, fin, rm_tensor_ptr(x), rm_tensor_ptr(w), 1.0, rm_tensor_ptr(y), fout);
 done:

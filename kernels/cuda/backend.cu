@@ -17,24 +17,10 @@
 
 #include "cuda_common.cuh"
 
-/* Every op but the views needs its kernel, named by family as in kernels/cpu/backend.c:
- * a missing one is an undefined symbol, and the library is linked with --no-undefined
- * (Makefile), so it fails to link (a new family must be listed here to compile). */
-#define CU_FAMILY_view(X_)
-#define CU_FAMILY_ANY(X_) X_
-#define CU_FAMILY_elementwise CU_FAMILY_ANY
-#define CU_FAMILY_random CU_FAMILY_ANY
-#define CU_FAMILY_reduce CU_FAMILY_ANY
-#define CU_FAMILY_matmul CU_FAMILY_ANY
-#define CU_FAMILY_norm CU_FAMILY_ANY
-#define CU_FAMILY_index CU_FAMILY_ANY
-#define CU_FAMILY_loss CU_FAMILY_ANY
-#define CU_FAMILY_optim CU_FAMILY_ANY
-#define CU_FAMILY_attention CU_FAMILY_ANY
-#define CU_FAMILY_sort CU_FAMILY_ANY
-#define CU_FAMILY_conv CU_FAMILY_ANY
-
-#define X(ID, name, family, set) CU_FAMILY_##family(RM_CUDA_KERNEL(name);)
+/* Every op but the views needs its kernel (RM_IF_KERNEL, core/backend.h): a missing
+ * one is an undefined symbol, and the library is linked with --no-undefined (Makefile),
+ * so it fails to link. */
+#define X(ID, name, family, set) RM_IF_KERNEL(family, RM_CUDA_KERNEL(name);)
 #include "../../core/ops.def"
 #undef X
 
@@ -357,7 +343,7 @@ static int cu_run(rm_ctx *ctx, rm_op_id op, const char *name, rm_kernel_fn k, in
 }
 
 #define X(ID, name, family, set)                                                          \
-  CU_FAMILY_##family(                                                                \
+  RM_IF_KERNEL(family,                                                                 \
   static int run_##name(rm_ctx *ctx, int nin, rm_tensor *const *in, int nout,       \
                         rm_tensor *const *out, const rm_attrs *a) {                 \
     return cu_run(ctx, RM_OP_##ID, #name, cuk_##name, nin, in, nout, out, a);       \
@@ -423,7 +409,7 @@ static rm_backend make_table(void) {
   b.supports_dtype[RM_F32] = true;
   b.supports_dtype[RM_F64] = true;
   b.supports_dtype[RM_BF16] = true;
-#define X(ID, name, family, set) CU_FAMILY_##family(b.kernel[RM_OP_##ID] = run_##name;)
+#define X(ID, name, family, set) RM_IF_KERNEL(family, b.kernel[RM_OP_##ID] = run_##name;)
 #include "../../core/ops.def"
 #undef X
   return b;

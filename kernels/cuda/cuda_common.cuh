@@ -93,17 +93,16 @@ typedef struct cu_state {
   size_t total_mem;
 } cu_state;
 
-/* ---- errors (written straight into the context: no core symbol) ---- */
+/* ---- errors: rm_fail, through its inline body (the plugin links no core symbol) ---- */
 
 static inline int cu_fail(rm_ctx *ctx, rm_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static inline int cu_fail(rm_ctx *ctx, rm_status code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+  int rc = rm_failv(ctx, code, fmt, ap);
   va_end(ap);
-  ctx->err_code = code;
-  return code;
+  return rc;
 }
 
 /* Turns a CUDA status into a remat error naming the call; RM_OK on success. */

@@ -24,25 +24,9 @@
 
 #include "cuda_common.cuh"
 
-typedef struct {
-  bool tr;       /* row-major view: transposed */
-  int64_t ld;
-} blasmat;
+#include "../blas_layout.h"
 
-/* Whether a rows x cols matrix with strides (sr, sc) can be given to cuBLAS directly. */
-static bool as_blas(int64_t rows, int64_t cols, int64_t sr, int64_t sc, blasmat *m) {
-  if ((cols == 1 || sc == 1) && (rows == 1 || sr >= cols)) {
-    m->tr = false;
-    m->ld = rows == 1 ? (cols > 1 ? cols : 1) : sr;
-    return m->ld < INT_MAX;
-  }
-  if ((rows == 1 || sr == 1) && (cols == 1 || sc >= rows)) {
-    m->tr = true;
-    m->ld = cols == 1 ? (rows > 1 ? rows : 1) : sc;
-    return m->ld < INT_MAX;
-  }
-  return false;
-}
+typedef rm_blasmat blasmat;
 
 /* Row-major batched GEMM: C_i (m x n, ldc) = op(A_i) op(B_i) + beta C_i, i < batch. */
 static int gemm(rm_ctx *ctx, rm_dtype dt, blasmat ma, blasmat mb, int64_t m, int64_t n, int64_t k,
@@ -110,14 +94,14 @@ static int operand_prepare(rm_ctx *ctx, operand *o, const rm_tensor *t, bool lef
   *copy = NULL;
   operand_geo(o, t, t->stride, left);
   o->p = (const char *)cu_ptr(t);
-  if (as_blas(o->rows, o->cols, o->sr, o->sc, &o->bm)) return RM_OK;
+  if (rm_as_blas(o->rows, o->cols, o->sr, o->sc, &o->bm)) return RM_OK;
   const void *p = cu_contig_data(ctx, t, copy);
   if (!p) return ctx->err_code;
   int64_t st[RM_MAX_DIM], s = 1;
   for (int d = t->ndim - 1; d >= 0; d--) st[d] = s, s *= t->shape[d];
   operand_geo(o, t, st, left);
   o->p = (const char *)p;
-  as_blas(o->rows, o->cols, o->sr, o->sc, &o->bm);
+  rm_as_blas(o->rows, o->cols, o->sr, o->sc, &o->bm);
   return RM_OK;
 }
 
@@ -313,14 +297,14 @@ RM_CUDA_KERNEL(linear) {
   else if (x->ndim == 2) { sr = x->stride[0]; sc = x->stride[1]; }
   else if (xc) { sr = fin; sc = 1; }
   else { sr = 0; sc = 0; }
-  if ((x->ndim > 2 && !xc) || !as_blas(R, fin, sr, sc, &mx)) {
+  if ((x->ndim > 2 && !xc) || !rm_as_blas(R, fin, sr, sc, &mx)) {
     if (!(px = cu_contig_data(ctx, x, &cx))) return ctx->err_code;
-    as_blas(R, fin, fin, 1, &mx);
+    rm_as_blas(R, fin, fin, 1, &mx);
   }
   /* W^T as in x out: element (i, o) is w[o, i] */
-  if (!as_blas(fin, fout, w->stride[1], w->stride[0], &mw)) {
+  if (!rm_as_blas(fin, fout, w->stride[1], w->stride[0], &mw)) {
     if (!(pw = cu_contig_data(ctx, w, &cw))) rc = ctx->err_code;
-    else as_blas(fin, fout, 1, fin, &mw);
+    else rm_as_blas(fin, fout, 1, fin, &mw);
   }
   if (!rc && b && bs == 1)
     rc = lt_linear(ctx, y->dtype, mx, mw, R, fout, fin, px, pw, cu_ptr(b), cu_ptr(y));
