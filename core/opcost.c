@@ -54,11 +54,13 @@ static uint64_t mix(uint64_t h, const void *p, size_t n) {
  * and each input's dtype, device and geometry. */
 static uint64_t call_key(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
   uint64_t h = 0xcbf29ce484222325ull;
-  rm_attrs at = *a;
-  at.seed = at.offset = 0;
   h = mix(h, &op, sizeof op);
   h = mix(h, &nin, sizeof nin);
-  h = mix(h, &at, sizeof at);
+  /* field by field: a struct's padding bytes are not reliably zero */
+  h = mix(h, a->i, sizeof a->i);
+  h = mix(h, a->f, sizeof a->f);
+  h = mix(h, &a->ndim, sizeof a->ndim);
+  if (a->ndim > 0 && a->ndim <= RM_MAX_DIM) h = mix(h, a->shape, sizeof(int64_t) * (size_t)a->ndim);
   for (int i = 0; i < nin; i++) {
     const rm_tensor *t = in[i];
     int64_t g[2] = { t->dtype, t->device };
@@ -295,7 +297,8 @@ void rm_opcost_record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, c
                       double seconds) {
   rm_opcost *c = ctx->opcost;
   if (!c || (unsigned)op >= RM_OP_COUNT) return;
-  if (ctx->opcost_learn && ctx->replay_depth == 0) {
+  /* an asynchronous device's host-side time is its launch, not its work: CPU only */
+  if (ctx->opcost_learn && ctx->replay_depth == 0 && nin > 0 && in[0]->device == RM_CPU) {
     /* only calls a dry run priced (noted or measured) learn: the layers' forward ops */
     entry *e = find(c, call_key(op, nin, in, a));
     if (e) e->learned += seconds, e->nlearned++;

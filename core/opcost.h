@@ -12,7 +12,9 @@
  * per roofline unit fitted on the measured calls of its device.
  *
  * The timers (rm_opcost_profile) add up, per op, the seconds of every op the context
- * runs, split into first runs and replays: where a step's time goes. */
+ * runs, split into first runs and replays: where a step's time goes. They read the host
+ * clock around each op: on CUDA that is launch time (REMAT_CUDA_PROFILE=1 gives device
+ * time), so only CPU calls learn from them. */
 #ifndef REMAT_OPCOST_H
 #define REMAT_OPCOST_H
 
