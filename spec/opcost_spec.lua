@@ -121,4 +121,33 @@ describe("per-op timers", function()
     C.op_timers(false)
     assert.is_nil(next(C.op_timing()))
   end)
+
+  it("show no op replayed more often than the forward ran it (no redundant chain replays)", function()
+    local policies = { policy.every(1), policy.every(2), policy.sqrt(),
+                       policy.selective { "softmax", "gelu", "dropout" }, policy.budget(1) }
+    for _, p in ipairs(policies) do
+      remat.manual_seed(11)
+      local layers = { nn.Embedding(32, 16) }
+      for _ = 1, 3 do layers[#layers + 1] = nn.TransformerBlock(16, 2, 0.1) end
+      layers[#layers + 1] = nn.Linear(16, 32)
+      local m = nn.Sequential(layers)
+      local x = remat.tensor { { 1, 5, 9, 2, 7, 3, 8, 4 } }
+      local ok = pcall(function() m:checkpoint(p) m:plan(x) end)
+      if not ok then m:checkpoint(policy.every(1)) end -- budget(1) is refused: the smallest plan
+      C.op_timers(true)
+      local y = m(x)
+      C.op_timers(false)
+      local fwd = C.op_timing()
+      C.op_timers(true)
+      y:sum():backward()
+      C.op_timers(false)
+      local any = 0
+      for op, t in pairs(C.op_timing()) do
+        any = any + t.replay_calls
+        local f = fwd[op] and fwd[op].calls or 0
+        assert(t.replay_calls <= f, ("%s: %s replayed %d times, run %d times in forward"):format(tostring(p), op, t.replay_calls, f))
+      end
+      assert(any > 0, tostring(p) .. ": nothing was replayed")
+    end
+  end)
 end)
