@@ -56,11 +56,21 @@ static uint64_t call_key(rm_op_id op, int nin, rm_tensor *const *in, const rm_at
   uint64_t h = 0xcbf29ce484222325ull;
   h = mix(h, &op, sizeof op);
   h = mix(h, &nin, sizeof nin);
-  /* field by field: a struct's padding bytes are not reliably zero */
-  h = mix(h, a->i, sizeof a->i);
-  h = mix(h, a->f, sizeof a->f);
-  h = mix(h, &a->ndim, sizeof a->ndim);
-  if (a->ndim > 0 && a->ndim <= RM_MAX_DIM) h = mix(h, a->shape, sizeof(int64_t) * (size_t)a->ndim);
+  /* the op's declared attributes, field by field: padding bytes are not reliably zero */
+  int nf = 0;
+  const rm_attr_field *f = rm_op_attrs(op, &nf);
+  for (int k = 0; f && k < nf; k++) {
+    const char *p = (const char *)a + f[k].offset;
+    switch (f[k].type) {
+    case RM_ATTR_INT: h = mix(h, p, sizeof(int64_t)); break;
+    case RM_ATTR_BOOL: h = mix(h, p, sizeof(bool)); break;
+    case RM_ATTR_REAL: h = mix(h, p, sizeof(double)); break;
+    case RM_ATTR_SHAPE:
+      h = mix(h, &a->ndim, sizeof a->ndim);
+      if (a->ndim > 0 && a->ndim <= RM_MAX_DIM) h = mix(h, a->shape, sizeof(int64_t) * (size_t)a->ndim);
+      break;
+    }
+  }
   for (int i = 0; i < nin; i++) {
     const rm_tensor *t = in[i];
     int64_t g[2] = { t->dtype, t->device };
