@@ -82,8 +82,10 @@ $(BUILD)/remat: lua/main.c lua/repl.c $(LIB_OBJ)
 # available); only what backend.cu exports is visible (the library is dlopen'ed
 # RTLD_LOCAL and must not depend on core symbols: nm -uD shows no rm_*). Linked with
 # --no-undefined: an op without its cuk_<op> kernel is a link error, as on the CPU side.
-# cuBLAS and cublasLt (bias epilogues) come from the toolkit's lib64.
-CUDA_OBJ := $(patsubst kernels/cuda/%.cu,$(BUILD)/obj/cuda/%.o,$(CUDA_SRC))
+# cuBLAS and cublasLt (bias epilogues) come from the toolkit's lib64. The caching
+# allocator is core/blockpool.c, compiled into the plugin too (hidden), so the specs
+# check on the CPU the same code that carves device memory.
+CUDA_OBJ := $(patsubst kernels/cuda/%.cu,$(BUILD)/obj/cuda/%.o,$(CUDA_SRC)) $(BUILD)/obj/cuda/blockpool.o
 CUDA_FLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall \
               -Icore
 CUDA_LIBS := -cudart static -lcublasLt -lcublas -Xlinker --no-undefined \
@@ -92,6 +94,10 @@ CUDA_LIBS := -cudart static -lcublasLt -lcublas -Xlinker --no-undefined \
 $(BUILD)/obj/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.cuh core/*.h core/*.def)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(CUDA_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/cuda/blockpool.o: core/blockpool.c core/blockpool.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fvisibility=hidden -c $< -o $@
 
 $(BUILD)/libremat_cuda.so: $(CUDA_OBJ)
 	$(NVCC) -shared $(CUDA_ARCH) -o $@ $^ $(CUDA_LIBS)

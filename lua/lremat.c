@@ -125,6 +125,7 @@ static int open_module(lua_State *L) {
   rm_lua_open_host(L);
   rm_lua_open_optim(L);
   rm_lua_open_dist(L);
+  rm_lua_open_pool(L);
   lua_setfield(L, -2, "_C");
   lua_pushliteral(L, REMAT_VERSION);
   lua_setfield(L, -2, "version");

@@ -50,5 +50,6 @@ void rm_lua_open_host(lua_State *L);
 rm_host_alloc rm_lua_host_alloc(lua_State *L);
 void rm_lua_open_optim(lua_State *L);
 void rm_lua_open_dist(lua_State *L);
+void rm_lua_open_pool(lua_State *L);
 
 #endif

@@ -1,16 +1,14 @@
 /* The CUDA backend table: per-context state (device, stream, cuBLAS handle), the
  * caching allocator, host <-> device copies, synchronisation and error mapping.
  *
- * Caching allocator: requests are rounded up to a size class (512 B steps up to
- * 1 MiB, then 8 classes per power of two, so at most 12.5% is lost to rounding);
- * a freed block goes to a free list for its class and the next request of that class
- * takes it. All work runs on the context's one stream, so a block freed after a
- * kernel was queued can be handed to the next kernel on that stream without waiting:
- * the stream orders them. When cudaMalloc fails, cached blocks are given back largest
- * first until the request's size is freed, and the call retried; then the whole cache,
- * once more; after that the accounted allocator (core/alloc.c) reports the
- * out-of-memory error (and runs its collect-then-retry). Blocks are never split or
- * merged (one size class per request). */
+ * Caching allocator: core/blockpool.c over cudaMalloc segments. A request takes the
+ * best-fitting free block, split to size (512 B granularity); a freed block merges with
+ * its free neighbours. All work runs on the context's one stream, so a block freed
+ * after a kernel was queued can be handed to the next kernel on that stream without
+ * waiting: the stream orders them. When cudaMalloc fails, free segments go back
+ * largest first until the request fits, then all of them; after that the accounted
+ * allocator (core/alloc.c) reports the out-of-memory error (and runs its
+ * collect-then-retry). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,124 +25,43 @@
 int cu_lt_init(rm_ctx *ctx, cu_state *st);  /* matmul.cu */
 void cu_lt_shutdown(cu_state *st);
 
-/* ---- size classes and the cache ---- */
-
-static size_t size_class(size_t n) {
-  const size_t MiB = (size_t)1 << 20;
-  if (n <= MiB) return n ? (n + 511) & ~(size_t)511 : 512;
-  int top = 63 - __builtin_clzll((unsigned long long)n);
-  size_t step = (size_t)1 << (top - 3);
-  return (n + step - 1) & ~(step - 1);
-}
-
-static unsigned bucket_of(size_t cls) {
-  uint64_t h = (uint64_t)cls * 0x9E3779B97F4A7C15ull;
-  return (unsigned)(h >> 54) % CU_BUCKETS;
-}
+/* ---- the caching allocator: core/blockpool.c over cudaMalloc segments ---- */
 
 static void *host_alloc(rm_ctx *ctx, size_t n) { return ctx->host.alloc(ctx->host.ud, n); }
 static void host_free(rm_ctx *ctx, void *p, size_t n) { if (p) ctx->host.free(ctx->host.ud, p, n); }
 
-/* Frees every cached block (cudaFree synchronises the device). Returns bytes freed. */
-static size_t cache_release(cu_state *st) {
-  size_t freed = 0;
-  for (int b = 0; b < CU_BUCKETS; b++) {
-    cu_block *k = st->bucket[b];
-    while (k) {
-      cu_block *next = k->next;
-      cudaFree(k->p);
-      freed += k->size;
-      k->next = st->spare;
-      st->spare = k;
-      k = next;
-    }
-    st->bucket[b] = NULL;
-  }
-  st->reserved -= freed;
-  st->cached -= freed;
-  return freed;
-}
-
-/* Frees cached blocks, largest first, until at least `want` bytes are given back (the
- * rest of the cache stays warm). Returns the bytes freed. */
-static size_t cache_trim(cu_state *st, size_t want) {
-  size_t freed = 0;
-  cudaStreamSynchronize(st->stream); /* cudaFree would wait anyway */
-  while (freed < want && st->cached) {
-    cu_block **best = NULL;
-    for (int b = 0; b < CU_BUCKETS; b++)
-      for (cu_block **at = &st->bucket[b]; *at; at = &(*at)->next)
-        if (!best || (*at)->size > (*best)->size) best = at;
-    if (!best) break;
-    cu_block *k = *best;
-    *best = k->next;
-    cudaFree(k->p);
-    freed += k->size;
-    st->reserved -= k->size;
-    st->cached -= k->size;
-    k->next = st->spare;
-    st->spare = k;
-  }
-  return freed;
-}
-
-static void *cache_take(cu_state *st, size_t cls) {
-  cu_block **at = &st->bucket[bucket_of(cls)];
-  for (cu_block *k = *at; k; at = &k->next, k = k->next) {
-    if (k->size == cls) {
-      *at = k->next;
-      k->next = st->spare;
-      st->spare = k;
-      st->cached -= cls;
-      return k->p;
-    }
-  }
-  return NULL;
-}
-
-/* Raw allocation from the cache or the device; NULL when the device is out of memory. */
-static void *cu_alloc(rm_ctx *ctx, cu_state *st, size_t bytes, cudaError_t *why) {
-  size_t cls = size_class(bytes);
-  void *p = cache_take(st, cls);
-  *why = cudaSuccess;
-  if (p) return p;
-  cudaError_t e = cudaMalloc(&p, cls);
-  if (e != cudaSuccess) { /* give back cached blocks, as few as needed, then all */
-    (void)cudaGetLastError();
-    if (cache_trim(st, cls)) e = cudaMalloc(&p, cls);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      cache_release(st);
-      e = cudaMalloc(&p, cls);
-    }
-  }
+static void *pool_seg_alloc(void *ud, size_t bytes) {
+  cu_state *st = (cu_state *)ud;
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    *why = e;
+    (void)cudaGetLastError(); /* out of memory is not sticky: clear it */
+    st->pool_err = e;
     return NULL;
   }
-  st->reserved += cls;
   return p;
 }
 
-static void cu_release(rm_ctx *ctx, cu_state *st, void *p, size_t bytes) {
-  if (!p) return;
-  size_t cls = size_class(bytes);
-  cu_block *k = st->spare;
-  if (k) st->spare = k->next;
-  else k = (cu_block *)host_alloc(ctx, sizeof *k);
-  if (!k) { /* no host memory for the list node: give the block back instead */
-    cudaFree(p);
-    st->reserved -= cls;
-    return;
-  }
-  k->size = cls;
-  k->p = p;
-  unsigned b = bucket_of(cls);
-  k->next = st->bucket[b];
-  st->bucket[b] = k;
-  st->cached += cls;
+/* Work queued on the stream may still use the segment's last blocks: wait for it
+ * (cudaFree would synchronise the device anyway). */
+static void pool_seg_free(void *ud, void *p, size_t bytes) {
+  cu_state *st = (cu_state *)ud;
+  cudaStreamSynchronize(st->stream);
+  cudaFree(p);
 }
+
+static void *pool_host_alloc(void *ud, size_t n) { return host_alloc(((cu_state *)ud)->ctx, n); }
+static void pool_host_free(void *ud, void *p, size_t n) { host_free(((cu_state *)ud)->ctx, p, n); }
+
+/* Raw allocation from the pool; NULL when the device is out of memory (why says so). */
+static void *cu_alloc(cu_state *st, size_t bytes, cudaError_t *why) {
+  st->pool_err = cudaErrorMemoryAllocation; /* also what a host-memory failure reads as */
+  void *p = rm_pool_alloc(&st->pool, bytes);
+  *why = p ? cudaSuccess : st->pool_err;
+  return p;
+}
+
+static void cu_release(cu_state *st, void *p) { if (p) rm_pool_free(&st->pool, p); }
 
 /* ---- backend entry points ---- */
 
@@ -162,6 +79,9 @@ static int cuda_init(rm_ctx *ctx, void **state) {
   cu_state *st = (cu_state *)host_alloc(ctx, sizeof *st);
   if (!st) return cu_fail(ctx, RM_ERR_OOM, "CUDA: out of host memory for the backend state");
   memset(st, 0, sizeof *st);
+  st->ctx = ctx;
+  rm_pool_cfg pool = {pool_seg_alloc, pool_seg_free, pool_host_alloc, pool_host_free, st};
+  rm_pool_init(&st->pool, &pool);
   int rc = CU_CHECK(ctx, cudaGetDevice(&st->device));
   cudaDeviceProp prop;
   if (!rc) rc = CU_CHECK(ctx, cudaGetDeviceProperties(&prop, st->device));
@@ -202,12 +122,7 @@ static void cuda_shutdown(rm_ctx *ctx, void *state) {
   cu_state *st = (cu_state *)state;
   if (!st) return;
   cudaStreamSynchronize(st->stream);
-  cache_release(st);
-  for (cu_block *k = st->spare; k;) {
-    cu_block *next = k->next;
-    host_free(ctx, k, sizeof *k);
-    k = next;
-  }
+  rm_pool_destroy(&st->pool);
   if (st->ev[0]) cudaEventDestroy(st->ev[0]);
   if (st->ev[1]) cudaEventDestroy(st->ev[1]);
   cudaFree(st->checks);
@@ -219,10 +134,10 @@ static void cuda_shutdown(rm_ctx *ctx, void *state) {
 
 static void *cuda_malloc(rm_ctx *ctx, size_t bytes) {
   cudaError_t why;
-  return cu_alloc(ctx, cu_st(ctx), bytes, &why);
+  return cu_alloc(cu_st(ctx), bytes, &why);
 }
 
-static void cuda_free(rm_ctx *ctx, void *p, size_t bytes) { cu_release(ctx, cu_st(ctx), p, bytes); }
+static void cuda_free(rm_ctx *ctx, void *p, size_t bytes) { cu_release(cu_st(ctx), p); }
 
 /* ---- deferred index checks (see cu_check_indices) ---- */
 
@@ -368,14 +283,14 @@ static int cuda_profile(rm_ctx *ctx, double *ms, int64_t *calls, bool reset) {
 
 void *cu_scratch(rm_ctx *ctx, size_t bytes) {
   cudaError_t why;
-  void *p = cu_alloc(ctx, cu_st(ctx), bytes, &why);
+  void *p = cu_alloc(cu_st(ctx), bytes, &why);
   if (!p)
     cu_fail(ctx, RM_ERR_OOM, "out of memory on cuda: %zu bytes of kernel workspace (%s)", bytes,
             cudaGetErrorString(why));
   return p;
 }
 
-void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes) { cu_release(ctx, cu_st(ctx), p, bytes); }
+void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes) { cu_release(cu_st(ctx), p); }
 
 /* ---- the table ---- */
 
@@ -428,15 +343,14 @@ RM_CUDA_EXPORT const rm_backend *rm_cuda_backend_get(void) {
 /* Bytes held from the device (live + cached); 0 when the backend is not initialised. */
 RM_CUDA_EXPORT size_t rm_cuda_reserved(rm_ctx *ctx) {
   cu_state *st = cu_st(ctx);
-  return st ? st->reserved : 0;
+  return st ? st->pool.reserved : 0;
 }
 
 /* Gives every cached (free) block back to the device; returns the bytes released. */
 RM_CUDA_EXPORT size_t rm_cuda_empty_cache(rm_ctx *ctx) {
   cu_state *st = cu_st(ctx);
   if (!st) return 0;
-  cudaStreamSynchronize(st->stream);
-  return cache_release(st);
+  return rm_pool_trim(&st->pool, SIZE_MAX);
 }
 
 /* Device name, total and free memory (bytes). Returns RM_OK or an error. */

@@ -28,6 +28,7 @@
 
 extern "C" {
 #include "../../core/backend.h"
+#include "../../core/blockpool.h"
 #include "../../core/ops.h"
 }
 #include "../../core/philox.h"
@@ -42,13 +43,6 @@ extern "C" {
 
 /* ---- per-context state (backend.cu) ---- */
 
-typedef struct cu_block {
-  size_t size;
-  void *p;
-  struct cu_block *next;
-} cu_block;
-
-#define CU_BUCKETS 1024
 
 /* Index and label checks run on the device without waiting: each check owns a slot
  * (first bad position and its value, written by the device) and the host remembers
@@ -85,10 +79,9 @@ typedef struct cu_state {
   cu_check_slot *checks;         /* device: CU_MAX_CHECKS slots */
   cu_check_info check_info[CU_MAX_CHECKS];
   int nchecks;                   /* slots in use since the last flush */
-  cu_block *bucket[CU_BUCKETS];  /* cached free blocks, chained by size-class hash */
-  cu_block *spare;               /* recycled list nodes */
-  size_t reserved;               /* bytes obtained from cudaMalloc and not yet freed */
-  size_t cached;                 /* of which: sitting in the cache */
+  rm_pool pool;                  /* the caching allocator (core/blockpool.h) */
+  rm_ctx *ctx;                   /* whose host memory the pool's records use */
+  cudaError_t pool_err;          /* why the last segment could not be had */
   char name[256];
   size_t total_mem;
 } cu_state;
