@@ -18,6 +18,10 @@ static void *default_realloc(void *ud, void *p, size_t o, size_t n) {
 }
 static void default_free(void *ud, void *p, size_t n) { free(p); }
 
+static rm_storage *workspace_new(rm_ctx *ctx, rm_device dev, size_t bytes) {
+  return rm_storage_new(ctx, dev, RM_CAT_WORKSPACE, bytes);
+}
+
 rm_ctx *rm_ctx_new(const rm_host_alloc *alloc, rm_log_fn log, void *log_ud) {
   rm_host_alloc h = { default_alloc, default_realloc, default_free, NULL };
   if (alloc) {
@@ -35,6 +39,8 @@ rm_ctx *rm_ctx_new(const rm_host_alloc *alloc, rm_log_fn log, void *log_ud) {
   ctx->category = RM_CAT_ACTIVATION;
   ctx->grad_enabled = true;
   ctx->rng_seed = 0x5eed;
+  ctx->workspace_new = workspace_new;
+  ctx->storage_release = rm_storage_release;
   return ctx;
 }
 

@@ -12,6 +12,7 @@
 #include "remat.h"
 
 struct rm_backend;
+struct rm_storage;
 
 typedef struct rm_memstats {
   size_t live[RM_CAT_COUNT];
@@ -55,6 +56,11 @@ struct rm_ctx {
   bool op_timing;                 /* timers on: op.c times every op it runs */
   bool opcost_learn;              /* timed first runs set their call's cost (opcost.h) */
   rm_hooks hooks;                 /* extension points (hook.h) */
+
+  /* Accounted workspace for plugin kernels, which link no core symbol (kernels/cuda:
+   * cu_scratch): a storage of category workspace under the limit, and its release. */
+  struct rm_storage *(*workspace_new)(rm_ctx *ctx, rm_device dev, size_t bytes);
+  void (*storage_release)(rm_ctx *ctx, struct rm_storage *s);
 
   const struct rm_backend *backend[RM_DEVICE_COUNT];
   void *backend_state[RM_DEVICE_COUNT];

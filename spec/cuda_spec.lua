@@ -336,6 +336,24 @@ describe("cuda vs cpu: every op #gpu", function()
     end
   end)
 
+  it("accounts kernel workspace (attention scores) as workspace, under the memory limit", function()
+    kit.seed(13)
+    local B, H, T, D = 2, 2, 300, 16
+    local q = C.to_device(C.from_table(kit.values({ B, H, T, D }), { B, H, T, D }, "float32"), DEV)
+    remat.memory.reset_peak(DEV)
+    local before = remat.memory.stats(DEV)
+    local y = op("attention", { i = { 1 }, f = { 0 } }, q, q, q)
+    remat.cuda.synchronize()
+    local s = remat.memory.stats(DEV)
+    assert.is_true(s.peak_by_category.workspace >= T * 4, "no workspace was accounted")
+    assert.are.equal(before.by_category.workspace, s.by_category.workspace) -- all given back
+    C.free(y)
+    remat.memory.limit(s.live + B * H * T * D * 4 + 4096, DEV) -- room for y, not for the scores
+    local ok, err = pcall(op, "attention", { i = { 1 }, f = { 0 } }, q, q, q)
+    remat.memory.limit(nil, DEV)
+    assert(not ok and tostring(err):find("workspace", 1, true), tostring(err))
+  end)
+
   it("layernorm keeps float32 statistics for bfloat16 rows (a bf16 mean would shift the row)", function()
     -- bf16-exact values around 1000 (spacing 4): mean 1002 is not a bfloat16
     local v = { 996, 1000, 1004, 1008 }

@@ -281,16 +281,32 @@ static int cuda_profile(rm_ctx *ctx, double *ms, int64_t *calls, bool reset) {
 
 /* ---- scratch for the kernels ---- */
 
+/* Kernel workspace is accounted like every tensor (category workspace, under the
+ * memory limit): it comes from the core's allocator through the context. */
 void *cu_scratch(rm_ctx *ctx, size_t bytes) {
-  cudaError_t why;
-  void *p = cu_alloc(cu_st(ctx), bytes, &why);
-  if (!p)
-    cu_fail(ctx, RM_ERR_OOM, "out of memory on cuda: %zu bytes of kernel workspace (%s)", bytes,
-            cudaGetErrorString(why));
-  return p;
+  cu_state *st = cu_st(ctx);
+  if (st->nscratch == CU_MAX_SCRATCH) {
+    cu_fail(ctx, RM_ERR_STATE, "cuda: more than %d kernel workspace buffers at once", CU_MAX_SCRATCH);
+    return NULL;
+  }
+  rm_storage *s = ctx->workspace_new(ctx, RM_CUDA, bytes ? bytes : 1);
+  if (!s) return NULL; /* the allocator's message names the workspace and the limit */
+  st->scratch[st->nscratch].p = s->data;
+  st->scratch[st->nscratch].s = s;
+  st->nscratch++;
+  return s->data;
 }
 
-void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes) { cu_release(cu_st(ctx), p); }
+void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes) {
+  cu_state *st = cu_st(ctx);
+  for (int i = st->nscratch - 1; i >= 0; i--)
+    if (st->scratch[i].p == p) {
+      rm_storage *s = st->scratch[i].s;
+      st->scratch[i] = st->scratch[--st->nscratch];
+      ctx->storage_release(ctx, s);
+      return;
+    }
+}
 
 /* ---- the table ---- */
 

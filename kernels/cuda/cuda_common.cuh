@@ -49,6 +49,7 @@ extern "C" {
  * what to say about it; the slots are read at the next synchronisation (to_host,
  * synchronize), which reports the first failure (backend.cu: cu_checks_flush). */
 #define CU_MAX_CHECKS 256
+#define CU_MAX_SCRATCH 16 /* kernel workspace buffers held at once (attention: 4) */
 #define CU_WHERE_POSITION (-1) /* "(position p)": a flat index list */
 #define CU_WHERE_ROW (-2)      /* "(row p)": one label per row */
 
@@ -82,6 +83,8 @@ typedef struct cu_state {
   rm_pool pool;                  /* the caching allocator (core/blockpool.h) */
   rm_ctx *ctx;                   /* whose host memory the pool's records use */
   cudaError_t pool_err;          /* why the last segment could not be had */
+  struct { void *p; rm_storage *s; } scratch[CU_MAX_SCRATCH]; /* kernel workspace out */
+  int nscratch;
   char name[256];
   size_t total_mem;
 } cu_state;
@@ -286,8 +289,9 @@ static inline int cu_row_threads(int64_t n, int cap = 256) {
 
 /* ---- scratch memory and helpers shared by the families (backend.cu, elementwise.cu) ---- */
 
-/* Device memory from the context's cache (not accounted: transient workspace freed
- * before the kernel returns; stream ordering makes the reuse safe). NULL + error. */
+/* Kernel workspace: a storage from the core's accounted allocator (category workspace,
+ * under the memory limit; ctx->workspace_new), freed before the kernel returns (stream
+ * ordering makes the reuse safe). NULL + error naming the workspace and the limit. */
 void *cu_scratch(rm_ctx *ctx, size_t bytes);
 void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes);
 
