@@ -84,4 +84,16 @@ describe("op attributes", function()
     assert.same({}, C.info(C.op(C.ops.sum, { dim = math.mininteger }, x)))   -- keepdim false
     assert.same({ 2 }, C.info(C.op(C.ops.sum, nil, x)))                      -- dim 0
   end)
+
+  it("remat.ops has every op of the registry as a function, attributes last", function()
+    for _, o in ipairs(C.op_list()) do assert.is_function(remat.ops[o.name], o.name) end
+    local x = remat.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
+    assert.same({ { 2, 3 }, { 5, 6 } }, remat.ops.narrow(x, { dim = 1, start = 1, length = 2 }):totable())
+    assert.same({ 5, 7, 9 }, remat.ops.sum(x, { dim = 0 }):totable())
+    assert.same({ { 2, 4, 6 }, { 8, 10, 12 } }, remat.ops.add(x, x):totable())
+    local v, i = remat.ops.max(x, { dim = 1 })
+    assert.same({ 3, 6 }, v:totable())
+    assert.same({ 3, 3 }, i:totable())
+    raises(function() remat.ops.sum(x, { dims = 0 }) end, "remat.sum: unknown attribute 'dims' (sum takes dim, keepdim)")
+  end)
 end)

@@ -903,6 +903,23 @@ end
 
 mt.__tostring = format_tensor
 
+-- remat.ops: every op of core/ops.def as a plain function, built from the registry:
+-- remat.ops.<name>(inputs..., [attrs]), attrs by the names ops.def declares (C.op_list()
+-- lists them), e.g. remat.ops.narrow(x, { dim = 0, start = 1, length = 2 }); dims and
+-- indices are 0-based here, as in C. Outputs as the op gives them (extras included).
+remat.ops = {}
+for _, o in ipairs(C.op_list()) do
+  local id = o.id
+  remat.ops[o.name] = function(...)
+    local n = select("#", ...)
+    if n > 0 and type((select(n, ...))) == "table" then
+      local args = { ... }
+      return op(id, args[n], table.unpack(args, 1, n - 1))
+    end
+    return op(id, nil, ...)
+  end
+end
+
 C.set_methods(Tensor)
 
 return Tensor
