@@ -94,7 +94,7 @@ static int run_node(rm_ctx *ctx, rm_node *n) {
   /* rematerialise what the backward reads before it allocates anything: a replay then
    * peaks on top of what the layer keeps, not on top of half-made gradients */
   int rc = RM_OK;
-  for (int i = 0; i < n->nin && i < 32 && rc == RM_OK; i++)
+  for (int i = 0; i < n->nin && rc == RM_OK; i++)
     if (rm_node_saved_in(n, i)) rc = rm_tensor_data_ready(ctx, n->in[i]);
   for (int j = 0; j < n->nout && rc == RM_OK; j++)
     if (((n->saved_out >> j) & 1u) && n->out[j]) rc = rm_tensor_data_ready(ctx, n->out[j]);
@@ -126,14 +126,14 @@ static bool is_leaf_edge(const rm_node *n, int i) {
 /* Counts, per leaf, the edges of this backward that will deliver a gradient to it. */
 static void count_leaf_edges(rm_node **list, size_t count, int delta) {
   for (size_t k = 0; k < count; k++)
-    for (int i = 0; i < list[k]->nin && i < 32; i++)
+    for (int i = 0; i < list[k]->nin; i++)
       if (is_leaf_edge(list[k], i)) list[k]->in[i]->pending += delta;
 }
 
 /* After n's backward: leaves that received their last gradient are final. */
 static int leaves_done(rm_ctx *ctx, rm_node *n) {
   int rc = RM_OK;
-  for (int i = 0; i < n->nin && i < 32; i++) {
+  for (int i = 0; i < n->nin; i++) {
     if (!is_leaf_edge(n, i)) continue;
     rm_tensor *x = n->in[i];
     if (--x->pending == 0 && x->grad && rc == RM_OK && rm_hooked(ctx, RM_HOOK_GRAD_READY))

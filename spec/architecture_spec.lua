@@ -52,6 +52,18 @@ describe("smaller debts", function()
     for i = 1, 40 do assert.are.same({ 2 * i - 1, 2 * i }, xs[i].grad:totable()) end
   end)
 
+  it("every one of 40 leaves of one op is reported final (an optimizer fused into backward updates each)", function()
+    local xs = {}
+    for i = 1, 40 do xs[i] = remat.tensor({ i, -i }):requires_grad(true) end
+    local opt = remat.optim.SGD(xs, { lr = 1, in_backward = true })
+    local w = {}
+    for k = 1, 80 do w[k] = k end
+    (remat.cat(xs) * remat.tensor(w)):sum():backward()
+    for i = 1, 40 do assert.are.same({ i - (2 * i - 1), -i - 2 * i }, xs[i]:totable(), "leaf " .. i) end
+    opt = nil
+    collectgarbage()
+  end)
+
   it("no (void) casts of parameters (the Makefile passes -Wno-unused-parameter)", function()
     for _, f in ipairs(ls("core/*.c core/*.h lua/*.c kernels/cpu/*.c kernels/cuda/*.cu kernels/cuda/*.cuh dist/*.c")) do
       local src = files.read(f)
