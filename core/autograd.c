@@ -143,6 +143,8 @@ static int leaves_done(rm_ctx *ctx, rm_node *n) {
 }
 
 int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad) {
+  if (!ctx) return RM_ERR_ARG;
+  if (!root) return rm_fail(ctx, RM_ERR_ARG, "backward: no tensor");
   if (!root->requires_grad)
     return rm_fail(ctx, RM_ERR_STATE, "backward: the tensor does not require grad (no op on it was recorded)");
   if (!grad && rm_tensor_numel(root) != 1) {

@@ -49,6 +49,7 @@ struct rm_ctx {
 
   double recompute_flops;         /* FLOPs replayed to rematerialise evicted tensors */
   int replay_depth;               /* nesting of rm_node_recompute */
+  int forward_depth;              /* nesting of rm_module_forward (0: a top-level call) */
   int replay_n;                   /* replayed inputs whose eviction waits for the outermost replay */
   rm_tensor *replay_defer[32];
   struct rm_opcost *opcost;       /* measured per-op costs and timers (opcost.c) */

@@ -56,6 +56,20 @@ size_t rm_memory_limit(const rm_ctx *ctx, int device) {
   return (ctx && device >= 0 && device < RM_DEVICE_COUNT) ? ctx->mem[device].limit : 0;
 }
 
+size_t rm_memory_category_peak(const rm_ctx *ctx, int device, const char *category) {
+  if (!ctx || !category || device < 0 || device >= RM_DEVICE_COUNT) return 0;
+  for (int c = 0; c < RM_CAT_COUNT; c++)
+    if (!strcmp(category, rm_category_name((rm_category)c))) return ctx->mem[device].peak[c];
+  return 0;
+}
+
+int rm_memory_restart_peak(rm_ctx *ctx, int device) {
+  if (!ctx) return RM_ERR_ARG;
+  if (device < 0 || device >= RM_DEVICE_COUNT) return rm_fail(ctx, RM_ERR_DEVICE, "memory: no device %d", device);
+  rm_memory_reset_peak(ctx, (rm_device)device);
+  return RM_OK;
+}
+
 int rm_manual_seed(rm_ctx *ctx, uint64_t seed) {
   if (!ctx) return RM_ERR_ARG;
   ctx->rng_seed = seed;

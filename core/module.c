@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "policy.h"
 #include "sequential.h"
 
 rm_module *rm_module_new(rm_ctx *ctx, const rm_module_type *t) {
@@ -22,10 +23,11 @@ rm_module *rm_module_new(rm_ctx *ctx, const rm_module_type *t) {
 void rm_module_retain(rm_module *m) { m->refcount++; }
 
 void rm_module_release(rm_ctx *ctx, rm_module *m) {
-  if (!m || --m->refcount > 0) return;
+  if (!ctx || !m || --m->refcount > 0) return;
   if (m->type->destroy) m->type->destroy(ctx, m);
   if (m->foreign_free) m->foreign_free(ctx, m->foreign_ud);
   if (m->plan && m->plan_free) m->plan_free(ctx, m->plan);
+  rm_policy_free(ctx, m);
   for (int i = 0; i < m->nparams; i++)
     if (m->params[i]) rm_tensor_drop(ctx, m->params[i]);
   for (int i = 0; i < m->nchildren; i++) rm_module_release(ctx, m->children[i]);
@@ -37,10 +39,18 @@ void rm_module_release(rm_ctx *ctx, rm_module *m) {
 }
 
 int rm_module_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y) {
+  if (!ctx || !y) return RM_ERR_ARG;
   *y = NULL;
+  if (!m) return rm_fail(ctx, RM_ERR_ARG, "forward: no module");
   if (!x) return rm_fail(ctx, RM_ERR_ARG, "%s: no input", m->type->name);
   if (!m->type->forward) return rm_fail(ctx, RM_ERR_STATE, "%s has no forward", m->type->name);
-  int rc = m->type->forward(ctx, m, x, y);
+  int rc = RM_OK;
+  if (ctx->forward_depth == 0 && ctx->grad_enabled && !ctx->dry && rm_policy_pending(m, x))
+    rc = rm_policy_prepare(ctx, m, x, NULL);
+  if (rc) return rc;
+  ctx->forward_depth++;
+  rc = m->type->forward(ctx, m, x, y);
+  ctx->forward_depth--;
   if (rc != RM_OK && *y) rm_tensor_drop(ctx, *y), *y = NULL;
   if (rc == RM_OK && !*y) rc = rm_fail(ctx, RM_ERR_STATE, "%s: forward gave no output", m->type->name);
   return rc;
@@ -110,10 +120,13 @@ static bool contains(const rm_module *tree, const rm_module *m) {
 }
 
 int rm_module_add_named_child(rm_ctx *ctx, rm_module *parent, const char *name, rm_module *child) {
+  if (!ctx) return RM_ERR_ARG;
+  if (!parent) return rm_fail(ctx, RM_ERR_ARG, "add: no module to add to");
   if (!child) return rm_fail(ctx, RM_ERR_ARG, "%s: no module to add", parent->type->name);
   if (!valid_name(name))
     return rm_fail(ctx, RM_ERR_ARG, "%s: a child name must be under %d characters without '.'",
                    parent->type->name, RM_NAME_MAX);
+  if (rm_policy_busy(ctx, parent, "add")) return ctx->err_code;
   if (contains(child, parent))
     return rm_fail(ctx, RM_ERR_ARG, "%s: cannot add a module to itself or to one of its children",
                    parent->type->name);
@@ -129,7 +142,8 @@ int rm_module_add_named_child(rm_ctx *ctx, rm_module *parent, const char *name, 
   parent->children[parent->nchildren] = child;
   snprintf(parent->child_names[parent->nchildren], RM_NAME_MAX, "%s", name);
   parent->nchildren++;
-  return RM_OK;
+  /* a policy is a plan for every layer: replanned for the new length */
+  return rm_policy_layers_changed(ctx, parent);
 }
 
 int rm_module_add_child(rm_ctx *ctx, rm_module *parent, rm_module *child) {
@@ -401,7 +415,7 @@ const rm_module_type rm_type_sequential = {
   .name = "Sequential", .forward = sequential_forward, .describe = sequential_describe,
 };
 
-rm_module *rm_sequential_new(rm_ctx *ctx) { return rm_module_new(ctx, &rm_type_sequential); }
+rm_module *rm_sequential_new(rm_ctx *ctx) { return ctx ? rm_module_new(ctx, &rm_type_sequential) : NULL; }
 
 static int foreign_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y) {
   if (!m->foreign) return rm_fail(ctx, RM_ERR_STATE, "Lua module: no forward function");

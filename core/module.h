@@ -57,6 +57,9 @@ struct rm_module {
    * plan_free is set by whoever sets plan and is called when the module is freed. */
   struct rm_plan *plan;
   void (*plan_free)(rm_ctx *ctx, struct rm_plan *plan);
+  /* Checkpoint policy (Sequential only; core/policy.c): planned when set or, when it
+   * needs sizes, at a top-level forward with grad on. NULL: none. */
+  struct rm_policy_state *policy;
 };
 
 /* ---- generic ---- */
@@ -67,7 +70,9 @@ rm_module *rm_module_new(rm_ctx *ctx, const rm_module_type *t);
 void rm_module_retain(rm_module *m);
 void rm_module_release(rm_ctx *ctx, rm_module *m);
 
-/* Runs m on x. y: a new hold. Checks that x is a live tensor. */
+/* Runs m on x. y: a new hold. Checks that x is a live tensor. At the top level (not
+ * inside another module's forward), with grad on and outside dry runs, first plans a
+ * size-dependent checkpoint policy of m for x (rm_policy_prepare). */
 int rm_module_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y);
 
 /* Adds a parameter slot taking over the caller's reference on t (t may be NULL: an

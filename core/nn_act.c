@@ -15,6 +15,7 @@ static const rm_module_type relu_type = { .name = "ReLU", .forward = act_forward
 static const rm_module_type silu_type = { .name = "SiLU", .forward = act_forward };
 
 static rm_module *act_new(rm_ctx *ctx, const rm_module_type *t, rm_op_id op) {
+  if (!ctx) return NULL;
   rm_module *m = rm_module_new(ctx, t);
   if (m) m->cfg_i[0] = op;
   return m;

@@ -47,6 +47,7 @@ static const rm_module_type mlp_type = {
 };
 
 rm_module *rm_nn_mlp(rm_ctx *ctx, int64_t d, int64_t hidden, double dropout) {
+  if (!ctx) return NULL;
   if (d < 1 || hidden < 1) {
     rm_fail(ctx, RM_ERR_ARG, "MLP: sizes must be >= 1 (got %lld, hidden %lld)", (long long)d, (long long)hidden);
     return NULL;
@@ -106,6 +107,7 @@ static const rm_module_type block_type = {
 };
 
 rm_module *rm_nn_block(rm_ctx *ctx, int64_t d, int64_t heads, double dropout) {
+  if (!ctx) return NULL;
   if (d < 1 || heads < 1 || d % heads) {
     rm_fail(ctx, RM_ERR_ARG, "TransformerBlock: the size (%lld) must be a positive multiple of the number of heads (%lld)",
             (long long)d, (long long)heads);

@@ -24,6 +24,7 @@ static const rm_module_type linear_type = {
 };
 
 rm_module *rm_nn_linear(rm_ctx *ctx, int64_t in, int64_t out, bool bias) {
+  if (!ctx) return NULL;
   if (in < 1 || out < 1) {
     rm_fail(ctx, RM_ERR_ARG, "Linear: sizes must be >= 1 (got %lld -> %lld)", (long long)in, (long long)out);
     return NULL;

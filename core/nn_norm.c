@@ -34,6 +34,7 @@ static bool check_norm_args(rm_ctx *ctx, const char *name, int64_t d, double eps
 }
 
 rm_module *rm_nn_layernorm(rm_ctx *ctx, int64_t d, double eps, bool affine) {
+  if (!ctx) return NULL;
   if (!check_norm_args(ctx, "LayerNorm", d, eps)) return NULL;
   rm_module *m = rm_module_new(ctx, &layernorm_type);
   if (!m) return NULL;

@@ -4,7 +4,7 @@
 #include "autograd.h"
 #include "measure.h"
 #include "opcost.h"
-#include "plan.h"
+#include "policy.h"
 #include "sequential.h"
 
 rm_plan *rm_plan_new(rm_ctx *ctx, int n) {
@@ -31,9 +31,9 @@ void rm_plan_free(rm_ctx *ctx, rm_plan *p) {
 }
 
 int rm_plan_install(rm_ctx *ctx, rm_module *seq, rm_plan *p) {
-  if (seq->type != &rm_type_sequential) {
+  if (rm_check_sequential(ctx, seq, "checkpoint")) {
     rm_plan_free(ctx, p);
-    return rm_fail(ctx, RM_ERR_ARG, "checkpoint: policies apply to a Sequential, not a %s", seq->type->name);
+    return ctx->err_code;
   }
   if (p && p->n != seq->nchildren) {
     int n = p->n;
@@ -86,8 +86,7 @@ static int param_bytes(void *ud, const char *name, rm_tensor **slot, rm_module *
 static int simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p,
                     rm_loss_fn loss, void *loss_ud, bool want_layers, rm_sim *sim) {
   memset(sim, 0, sizeof *sim);
-  if (seq->type != &rm_type_sequential)
-    return rm_fail(ctx, RM_ERR_ARG, "plan: expected a Sequential, got a %s", seq->type->name);
+  if (rm_check_sequential(ctx, seq, "plan")) return ctx->err_code;
   int n = seq->nchildren;
   size_t nl = (size_t)(n ? n : 1);
   rm_device dev = x->device;

@@ -28,6 +28,7 @@
 #ifndef REMAT_H
 #define REMAT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -110,6 +111,11 @@ size_t rm_memory_limit(const rm_ctx *ctx, int device);
 /* Live and peak bytes (all categories) of tensor storage on a device. */
 size_t rm_memory_live(const rm_ctx *ctx, int device);
 size_t rm_memory_peak(const rm_ctx *ctx, int device);
+/* Peak bytes of one category ("param", "grad", "optim", "activation", "workspace",
+ * "temp", "data") on a device; 0 for an unknown category or device. */
+size_t rm_memory_category_peak(const rm_ctx *ctx, int device, const char *category);
+/* Restarts a device's peaks from what is live now. Returns RM_OK or RM_ERR_DEVICE. */
+int rm_memory_restart_peak(rm_ctx *ctx, int device);
 
 /* What runs CPU work (as remat.info() and `remat -v`): the BLAS and the kernels it
  * chose, the OpenMP thread count, the CPU's SIMD level. Strings are NUL-terminated. */
@@ -133,6 +139,69 @@ int rm_manual_seed(rm_ctx *ctx, uint64_t seed);
 /* Reads the generator state (seed and counter offset); either pointer may be NULL.
  * Returns RM_OK. */
 int rm_rng_state(const rm_ctx *ctx, uint64_t *seed, uint64_t *offset);
+
+/* ---- models, tensors and checkpoint policies from C (core/module.c, core/policy.c) ----
+ * The built-in layers of remat.nn and the policies of remat.policy, for a host that
+ * builds and trains a model without Lua (examples/host/checkpoint.c). Modules and
+ * tensors are counted handles: give each back (rm_module_release, rm_tensor_drop).
+ * Functions return NULL or a status on error, with the message on ctx. */
+typedef struct rm_module rm_module;
+typedef struct rm_tensor rm_tensor;
+
+rm_module *rm_sequential_new(rm_ctx *ctx);
+/* Appends child to a Sequential, which takes its own reference. */
+int rm_module_add_child(rm_ctx *ctx, rm_module *parent, rm_module *child);
+/* Built-in layers (parameters float32 on the CPU, initialised as remat.nn does). */
+rm_module *rm_nn_linear(rm_ctx *ctx, int64_t in, int64_t out, bool bias);
+rm_module *rm_nn_layernorm(rm_ctx *ctx, int64_t d, double eps, bool affine);
+rm_module *rm_nn_gelu(rm_ctx *ctx);
+rm_module *rm_nn_relu(rm_ctx *ctx);
+rm_module *rm_nn_mlp(rm_ctx *ctx, int64_t d, int64_t hidden, double dropout);
+rm_module *rm_nn_block(rm_ctx *ctx, int64_t d, int64_t heads, double dropout);
+void rm_module_release(rm_ctx *ctx, rm_module *m);
+/* A new float32 tensor of the given shape on device (0 = CPU, 1 = CUDA), every element
+ * value (NULL with the error set). */
+rm_tensor *rm_tensor_filled(rm_ctx *ctx, int device, int ndim, const int64_t *shape, double value);
+void rm_tensor_drop(rm_ctx *ctx, rm_tensor *t);
+/* y = m(x) (*y: a new handle), recorded for backward when grad is on. A Sequential
+ * with a size-dependent policy plans it for x here, at its first forward with x's
+ * shape (as remat's model(x)). */
+int rm_module_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y);
+/* Backpropagates from root (grad: d(out)/d(root); NULL for a one-element root). */
+int rm_backward(rm_ctx *ctx, rm_tensor *root, rm_tensor *grad);
+
+/* What a Sequential keeps for backward, layer by layer (remat.policy). */
+typedef enum {
+  RM_POLICY_NONE = 0,   /* keep everything */
+  RM_POLICY_EVERY,      /* a boundary every `every` layers, the layers between recomputed */
+  RM_POLICY_SQRT,       /* every(round(sqrt(layers))) */
+  RM_POLICY_SELECTIVE,  /* every layer keeps all but the outputs of the ops named */
+  RM_POLICY_BUDGET      /* the least recompute that fits `budget` (or the whole step) */
+} rm_policy_kind;
+
+typedef struct rm_policy {
+  rm_policy_kind kind;
+  int every;                /* EVERY: k >= 1 */
+  const char *const *ops;   /* SELECTIVE: op names ("softmax", "gelu", ...); BUDGET: the ops a */
+  int nops;                 /*   layer may recompute (0: the cheap ones, as remat.policy.budget) */
+  size_t budget;            /* BUDGET: peak activation bytes (policy.budget(bytes)) */
+  int whole_step;           /* BUDGET, 1: the whole training step (forward, loss, backward) fits in
+                             * what the memory limit of the input's device leaves (policy.budget()) */
+} rm_policy;
+
+/* Sets seq's checkpoint policy. One that needs sizes (BUDGET) is planned by dry runs at
+ * the first forward with grad on (rm_module_forward), or now by rm_checkpoint_plan. A
+ * budget that cannot be met fails with RM_ERR_OOM, naming the smallest that fits. */
+int rm_checkpoint(rm_ctx *ctx, rm_module *seq, const rm_policy *p);
+/* Plans seq's policy for input x now (dry runs: nothing computed or allocated). */
+int rm_checkpoint_plan(rm_ctx *ctx, rm_module *seq, rm_tensor *x);
+/* The planned action of a layer (0-based): "keep", "selective", "boundary",
+ * "recompute"; NULL when seq has no plan (yet) or no such layer. */
+const char *rm_checkpoint_action(const rm_module *seq, int layer);
+/* Predicted by a dry run of forward + backward (from ones) of seq on x under its plan:
+ * the peak activation bytes (absolute, as policy budgets count them) and the whole
+ * step's peak bytes on x's device; either pointer may be NULL. */
+int rm_checkpoint_predict(rm_ctx *ctx, rm_module *seq, rm_tensor *x, size_t *peak, size_t *step_peak);
 
 /* ---- Lua (lua/lremat.c, lua/lhost.c) ---- */
 

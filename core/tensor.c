@@ -123,7 +123,7 @@ void rm_tensor_unuse(rm_ctx *ctx, rm_tensor *t) {
 void rm_tensor_hold(rm_tensor *t) { t->refcount++; t->users++; }
 
 void rm_tensor_drop(rm_ctx *ctx, rm_tensor *t) {
-  if (!t) return;
+  if (!ctx || !t) return;
   rm_tensor_unuse(ctx, t);
   rm_tensor_release(ctx, t);
 }

@@ -340,10 +340,29 @@ static int l_nn_new(lua_State *L) {
 
 /* ---- methods' C side ---- */
 
-/* C.module_forward(m, x) -> y */
+/* C.module_forward(m, x) -> y; also model(x). A top-level forward with grad on starts
+ * a training step: it begins with a full collection (Lua's collector cannot see tensor
+ * bytes, so the handles of earlier steps' tensors would otherwise hold memory the
+ * step's plan does not know about). With grad on, a checkpoint policy that needs sizes
+ * is planned for x first (once per input shape; the core does it for a top-level call
+ * too, but here a failure is raised as the policy's own error). */
 static int l_forward(lua_State *L) {
   rm_module *m = rm_lua_check_module(L, 1, "forward");
   rm_tensor *x = rm_lua_check_tensor(L, 2, "forward");
+  rm_ctx *ctx = rm_lua_ctx(L);
+  nn_state *st = get_state(L);
+  if (!ctx->dry && ctx->grad_enabled) {
+    /* a Sequential called from a Lua module's forward plans its policy too */
+    if (!st->cur && !st->no_step_collect) lua_gc(L, LUA_GCCOLLECT);
+    if (m->policy && rm_lua_checkpoint_prepare(L, m, x, NULL)) {
+      /* the message names what failed; a Lua module's raw error is not re-raised here */
+      if (st->err_ref != LUA_NOREF) {
+        luaL_unref(L, LUA_REGISTRYINDEX, st->err_ref);
+        st->err_ref = LUA_NOREF;
+      }
+      return rm_lua_fail(L, "checkpoint");
+    }
+  }
   rm_lua_push_tensor(L, rm_lua_module_forward(L, m, x, "forward"), "forward");
   return 1;
 }
@@ -602,20 +621,6 @@ static int m_len(lua_State *L) {
 
 static int m_call(lua_State *L) { return l_forward(L); }
 
-/* C.step_begin() -> true when a forward with grad starts a training step (it is not
- * nested in another forward, nor a dry run). The step begins with a full collection:
- * Lua's collector cannot see tensor bytes, so the handles of earlier steps' tensors
- * (outputs, losses, batches, a Lua module's intermediates) would otherwise hold memory
- * the step's plan does not know about, until the collector happens to run. */
-static int l_step_begin(lua_State *L) {
-  nn_state *st = get_state(L);
-  rm_ctx *ctx = rm_lua_ctx(L);
-  bool top = !st->cur && !ctx->dry && ctx->grad_enabled;
-  if (top && !st->no_step_collect) lua_gc(L, LUA_GCCOLLECT);
-  lua_pushboolean(L, top);
-  return 1;
-}
-
 /* C.step_collect([flag]) -> previous flag: whether each step begins with a collection. */
 static int l_step_collect(lua_State *L) {
   nn_state *st = get_state(L);
@@ -644,7 +649,6 @@ static const luaL_Reg nn_c[] = {
   { "nn_module", l_nn_module },
   { "nn_loss", l_loss },
   { "module_forward", l_forward },
-  { "step_begin", l_step_begin },
   { "step_collect", l_step_collect },
   { "module_add", l_add },
   { "module_param", l_param },

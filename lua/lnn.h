@@ -24,5 +24,9 @@ lua_State *rm_lua_nn_current(lua_State *L);
 /* After a failed core call bracketed by enter/leave: re-raises the original error of a
  * Lua module when there was one, else raises "fn: ctx message". Never returns. */
 int rm_lua_nn_fail(lua_State *L, const char *fn);
+/* Plans m's size-dependent checkpoint policy for x when it has no plan for x's shape
+ * (lua/lplan.c; env NULL: the policy's own). Returns a status (message on the ctx). */
+struct rm_step_env;
+int rm_lua_checkpoint_prepare(lua_State *L, rm_module *m, rm_tensor *x, const struct rm_step_env *env);
 
 #endif

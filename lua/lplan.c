@@ -1,11 +1,12 @@
-/* Checkpoint plans from Lua: installing a plan on a Sequential, dry-run simulation,
- * and the budget DP over a chain described by a table. */
+/* Checkpoint policies and plans from Lua: a remat.policy value read into the core's
+ * description (core/policy.h) and set on a Sequential, plans made from it, dry-run
+ * simulation, and the budget DP over a chain described by a table. */
 #include <string.h>
 
 #include "lnn.h"
 #include "../core/backend.h"
 #include "../core/opcost.h"
-#include "../core/plan.h"
+#include "../core/policy.h"
 
 static rm_action check_action(lua_State *L, const char *s, int layer) {
   for (int a = 0; a < RM_ACTION_COUNT; a++)
@@ -81,17 +82,6 @@ static rm_plan *read_plan(lua_State *L, int idx, int n) {
   return p;
 }
 
-/* C.plan_install(seq, plan_table or nil) */
-static int l_plan_install(lua_State *L) {
-  rm_module *m = rm_lua_check_module(L, 1, "checkpoint");
-  rm_ctx *ctx = rm_lua_ctx(L);
-  if (m->type != &rm_type_sequential)
-    return rm_lua_errorf(L, "checkpoint: policies apply to a Sequential, not a %s", m->type->name);
-  rm_plan *p = lua_isnoneornil(L, 2) ? NULL : read_plan(L, 2, m->nchildren);
-  if (rm_plan_install(ctx, m, p) != RM_OK) return rm_lua_fail(L, "checkpoint");
-  return 0;
-}
-
 typedef struct loss_cb { lua_State *L; int fn; } loss_cb;
 
 /* Calls the Lua loss function (at stack index fn) with y; never raises. */
@@ -127,14 +117,15 @@ static void set_int(lua_State *L, const char *k, size_t v) {
   lua_setfield(L, -2, k);
 }
 
+static void push_sim(lua_State *L, rm_ctx *ctx, const rm_tensor *x, const rm_sim *sim);
+
 /* C.plan_simulate(seq, x, plan_table | nil (installed) | false (keep all), loss_fn | nil,
  * want_layers) -> { peak=, base=, flops=, recompute_flops=, layers = {...} } */
 static int l_plan_simulate(lua_State *L) {
   rm_module *m = rm_lua_check_module(L, 1, "plan");
   rm_tensor *x = rm_lua_check_tensor(L, 2, "plan");
   rm_ctx *ctx = rm_lua_ctx(L);
-  if (m->type != &rm_type_sequential)
-    return rm_lua_errorf(L, "plan: expected a Sequential, got a %s", m->type->name);
+  if (rm_check_sequential(ctx, m, "plan")) return rm_lua_fail(L, "plan");
   rm_plan *p = NULL;
   rm_plan *keep = NULL;
   if (lua_istable(L, 3)) p = read_plan(L, 3, m->nchildren);
@@ -157,6 +148,14 @@ static int l_plan_simulate(lua_State *L) {
   rm_plan_free(ctx, p);
   rm_plan_free(ctx, keep);
   if (rc != RM_OK) return rm_lua_nn_fail(L, "plan");
+  push_sim(L, ctx, x, &sim);
+  rm_sim_free(ctx, &sim);
+  return 1;
+}
+
+/* Pushes a simulation as a table (layers when it has them; x: its input, or NULL). */
+static void push_sim(lua_State *L, rm_ctx *ctx, const rm_tensor *x, const rm_sim *s_) {
+  const rm_sim sim = *s_;
   lua_newtable(L);
   set_int(L, "peak", sim.peak);
   set_int(L, "base", sim.base);
@@ -165,7 +164,7 @@ static int l_plan_simulate(lua_State *L) {
   set_num(L, "flops", sim.flops);
   set_num(L, "recompute_flops", sim.recompute_flops);
   set_num(L, "recompute_cost", sim.recompute_cost);
-  const rm_backend *be = ctx->backend[x->device];
+  const rm_backend *be = x ? ctx->backend[x->device] : NULL;
   set_num(L, "flops_per_byte", be ? be->flops_per_byte : 0);
   set_int(L, "step_peak", sim.step_peak);
   set_int(L, "end_live", sim.end_live);
@@ -200,9 +199,7 @@ static int l_plan_simulate(lua_State *L) {
       lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "layers");
-    rm_sim_free(ctx, &sim);
   }
-  return 1;
 }
 
 static double field(lua_State *L, int idx, const char *k, double def) {
@@ -427,6 +424,243 @@ static int l_opcost_reset(lua_State *L) {
   return 0;
 }
 
+/* ---- policies ---- */
+
+/* Pushes plan p as { {action=, ops={names}}, ... }. */
+static void push_plan(lua_State *L, const rm_plan *p) {
+  lua_createtable(L, p->n, 0);
+  for (int i = 0; i < p->n; i++) {
+    lua_createtable(L, 0, 2);
+    lua_pushstring(L, rm_action_name(p->action[i]));
+    lua_setfield(L, -2, "action");
+    if (p->action[i] == RM_SELECTIVE) {
+      lua_newtable(L);
+      int k = 0;
+      for (int op = 0; op < RM_OP_COUNT; op++)
+        if (rm_opset_has(&p->sel[i], op)) {
+          lua_pushstring(L, rm_op_name((rm_op_id)op));
+          lua_rawseti(L, -2, ++k);
+        }
+      lua_setfield(L, -2, "ops");
+    }
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+/* A policy set from Lua: its decide function (custom policies) and the Lua function
+ * that gives the optimizer state a whole-step plan must leave room for. */
+typedef struct lpolicy {
+  lua_State *main;
+  int decide_ref;   /* function(model, keep_sim) -> plan table (LUA_NOREF: none) */
+  int extra_ref;    /* function(model) -> bytes (LUA_NOREF: none) */
+} lpolicy;
+
+static lua_State *callback_thread(lpolicy *lp) {
+  lua_State *cur = rm_lua_nn_current(lp->main);
+  return cur ? cur : lp->main;
+}
+
+static void lpolicy_free(rm_ctx *ctx, void *ud) {
+  lpolicy *lp = ud;
+  luaL_unref(lp->main, LUA_REGISTRYINDEX, lp->decide_ref);
+  luaL_unref(lp->main, LUA_REGISTRYINDEX, lp->extra_ref);
+  rm_host_free(ctx, lp, sizeof *lp);
+}
+
+/* Calls the Lua function at ref with the module and, when sim, a simulation; leaves
+ * its result on L. Never raises. */
+static int call_lua(rm_ctx *ctx, lua_State *L, int ref, rm_module *seq, const rm_sim *sim, rm_tensor *x) {
+  if (!lua_checkstack(L, 8)) return rm_fail(ctx, RM_ERR_RUNTIME, "checkpoint: Lua stack overflow");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+  rm_lua_push_module(L, seq);
+  if (sim) push_sim(L, ctx, x, sim);
+  if (lua_pcall(L, sim ? 2 : 1, 1, 0) != LUA_OK) {
+    const char *msg = lua_tostring(L, -1);
+    rm_fail(ctx, RM_ERR_RUNTIME, "%s", msg ? msg : "error in a Lua policy (not a string)");
+    lua_pop(L, 1);
+    return RM_ERR_RUNTIME;
+  }
+  return RM_OK;
+}
+
+/* rm_policy_def.decide for custom policies: the Lua function's plan. */
+static int lpolicy_decide(rm_ctx *ctx, rm_module *seq, const rm_sim *keep, rm_plan *out, void *ud) {
+  lpolicy *lp = ud;
+  lua_State *L = callback_thread(lp);
+  int top = lua_gettop(L);
+  /* the dry run's device is the parameters'; measurements do not need x */
+  int rc = call_lua(ctx, L, lp->decide_ref, seq, keep, NULL);
+  for (int i = 0; rc == RM_OK && i < out->n; i++) {
+    if (!lua_istable(L, -1)) {
+      rc = rm_fail(ctx, RM_ERR_RUNTIME, "custom policy: expected a plan table");
+      break;
+    }
+    lua_rawgeti(L, -1, i + 1);
+    const char *err = read_layer(L, out, i);
+    if (err) rc = rm_fail(ctx, RM_ERR_ARG, "custom policy: %s", err);
+    lua_settop(L, top + 1);
+  }
+  lua_settop(L, top);
+  return rc;
+}
+
+/* rm_policy_def.step: the optimizer state still to be made, from the Lua function. */
+static int lpolicy_step(rm_ctx *ctx, rm_module *seq, rm_step_env *env, void *ud) {
+  lpolicy *lp = ud;
+  if (lp->extra_ref == LUA_NOREF) return RM_OK;
+  lua_State *L = callback_thread(lp);
+  int rc = call_lua(ctx, L, lp->extra_ref, seq, NULL, NULL);
+  if (rc) return rc;
+  lua_Integer v = lua_tointeger(L, -1);
+  env->optim_extra = v > 0 ? (size_t)v : 0;
+  lua_pop(L, 1);
+  return RM_OK;
+}
+
+static const char *const kinds[] = { "none", "every", "sqrt", "selective", "budget", "custom", NULL };
+
+/* Reads a policy description { kind=, name=, k=, ops=, bytes=, decide=, extra= } at idx
+ * (built by remat.policy) into def. Raises on bad input (nothing to free then). */
+static void read_policy(lua_State *L, int idx, rm_policy_def *def) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  lua_getfield(L, idx, "kind");
+  int kind = luaL_checkoption(L, -1, NULL, kinds);
+  lua_pop(L, 1);
+  rm_ctx *ctx = rm_lua_ctx(L);
+  const char *ops[RM_OP_COUNT];
+  rm_policy p = { .kind = (rm_policy_kind)(kind == RM_POLICY_CUSTOM ? RM_POLICY_NONE : kind) };
+  lua_getfield(L, idx, "k");
+  p.every = (int)luaL_optinteger(L, -1, 0);
+  lua_getfield(L, idx, "bytes");
+  p.whole_step = lua_isnil(L, -1);
+  lua_Integer bytes = luaL_optinteger(L, -1, 0);
+  p.budget = bytes > 0 ? (size_t)bytes : 0;
+  lua_pop(L, 2);
+  lua_getfield(L, idx, "ops");
+  if (lua_istable(L, -1)) {
+    int n = (int)luaL_len(L, -1);
+    if (n > RM_OP_COUNT) rm_lua_errorf(L, "policy: %d op names", n);
+    for (int i = 1; i <= n; i++) {
+      lua_rawgeti(L, -1, i);
+      ops[p.nops++] = lua_tostring(L, -1);   /* anchored by the table */
+      lua_pop(L, 1);
+    }
+    p.ops = ops;
+  }
+  if (rm_policy_read(ctx, &p, def)) rm_lua_fail(L, "checkpoint");
+  lua_pop(L, 1);
+  def->kind = kind;
+  if (lua_getfield(L, idx, "name") == LUA_TSTRING) snprintf(def->name, sizeof def->name, "remat.policy.%s", lua_tostring(L, -1));
+  lua_pop(L, 1);
+  bool custom = kind == RM_POLICY_CUSTOM;
+  if (custom && lua_getfield(L, idx, "decide") != LUA_TFUNCTION) rm_lua_errorf(L, "checkpoint: a custom policy needs a decide function");
+  if (custom) lua_pop(L, 1);
+  lpolicy *lp = rm_host_malloc(ctx, sizeof *lp);
+  if (!lp) rm_lua_errorf(L, "checkpoint: out of host memory");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  lp->main = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  lp->decide_ref = lp->extra_ref = LUA_NOREF;
+  if (lua_getfield(L, idx, "decide") == LUA_TFUNCTION) lp->decide_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  else lua_pop(L, 1);
+  if (lua_getfield(L, idx, "extra") == LUA_TFUNCTION) lp->extra_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  else lua_pop(L, 1);
+  def->decide = custom ? lpolicy_decide : NULL;
+  def->step = lpolicy_step;
+  def->ud = lp;
+  def->free_ud = lpolicy_free;
+}
+
+/* C.checkpoint_set(seq, policy_description | nil): sets seq's policy (planned now when
+ * it needs no sizes); nil removes it. */
+static int l_checkpoint_set(lua_State *L) {
+  rm_module *m = rm_lua_check_module(L, 1, "checkpoint");
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (lua_isnoneornil(L, 2)) {
+    if (rm_policy_set(ctx, m, NULL)) return rm_lua_fail(L, "checkpoint");
+    return 0;
+  }
+  if (rm_check_sequential(ctx, m, "checkpoint")) return rm_lua_fail(L, "checkpoint");
+  rm_policy_def def;
+  read_policy(L, 2, &def);
+  if (rm_policy_set(ctx, m, &def)) return rm_lua_fail(L, "checkpoint");
+  return 0;
+}
+
+/* C.checkpoint_name(seq) -> the name of seq's policy, or nil (none, or uninstalled) */
+static int l_checkpoint_name(lua_State *L) {
+  const rm_policy_def *d = rm_policy_get(rm_lua_check_module(L, 1, "checkpoint"));
+  if (!d) return 0;
+  lua_pushstring(L, d->name);
+  return 1;
+}
+
+/* The step a plan is made for: the loss function at idx (or nil) and the optimizer
+ * state still to be made at idx + 1. */
+static rm_step_env read_env(lua_State *L, int idx, loss_cb *cb) {
+  rm_step_env env = { 0 };
+  if (lua_isfunction(L, idx)) {
+    *cb = (loss_cb){ L, idx };
+    env.loss = call_loss;
+    env.loss_ud = cb;
+  }
+  lua_Integer extra = luaL_optinteger(L, idx + 1, 0);
+  env.optim_extra = extra > 0 ? (size_t)extra : 0;
+  return env;
+}
+
+/* C.checkpoint_prepare(seq, x, loss_fn | nil, optim_extra) -> the plan seq runs for x
+ * (planned now when its policy needs sizes), or nil (no policy) */
+static int l_checkpoint_prepare(lua_State *L) {
+  rm_module *m = rm_lua_check_module(L, 1, "plan");
+  rm_tensor *x = rm_lua_check_tensor(L, 2, "plan");
+  loss_cb cb;
+  rm_step_env env = read_env(L, 3, &cb);
+  if (rm_lua_checkpoint_prepare(L, m, x, &env)) return rm_lua_fail(L, "checkpoint");
+  if (!m->plan) return 0;
+  push_plan(L, m->plan);
+  return 1;
+}
+
+/* C.policy_plan(seq, x, policy_description, loss_fn | nil, optim_extra) -> the plan
+ * the policy gives seq for x (not installed) */
+static int l_policy_plan(lua_State *L) {
+  rm_module *m = rm_lua_check_module(L, 1, "plan");
+  rm_tensor *x = rm_lua_check_tensor(L, 2, "plan");
+  rm_ctx *ctx = rm_lua_ctx(L);
+  if (rm_check_sequential(ctx, m, "plan")) return rm_lua_fail(L, "plan");
+  loss_cb cb;
+  rm_step_env env = read_env(L, 4, &cb);
+  rm_policy_def def;
+  read_policy(L, 3, &def);
+  rm_plan *plan = NULL;
+  bool gc_on = lua_gc(L, LUA_GCISRUNNING);
+  if (gc_on) lua_gc(L, LUA_GCSTOP);
+  lua_State *prev = rm_lua_nn_enter(L);
+  int rc = rm_policy_plan(ctx, m, &def, x, &env, &plan);
+  rm_lua_nn_leave(L, prev);
+  if (gc_on) lua_gc(L, LUA_GCRESTART);
+  def.free_ud(ctx, def.ud);
+  if (rc) return rm_lua_fail(L, "plan");
+  push_plan(L, plan);
+  rm_plan_free(ctx, plan);
+  return 1;
+}
+
+int rm_lua_checkpoint_prepare(lua_State *L, rm_module *m, rm_tensor *x, const rm_step_env *env) {
+  /* restarting the collector resets its debt: only around real planning */
+  if (!rm_policy_pending(m, x)) return RM_OK;
+  rm_ctx *ctx = rm_lua_ctx(L);
+  /* the collector stays off during the dry runs, as in plan_simulate */
+  bool gc_on = lua_gc(L, LUA_GCISRUNNING);
+  if (gc_on) lua_gc(L, LUA_GCSTOP);
+  lua_State *prev = rm_lua_nn_enter(L);
+  int rc = rm_policy_prepare(ctx, m, x, env);
+  rm_lua_nn_leave(L, prev);
+  if (gc_on) lua_gc(L, LUA_GCRESTART);
+  return rc;
+}
+
 static const luaL_Reg fns[] = {
   { "op_timers", l_op_timers },
   { "op_timing", l_op_timing },
@@ -434,7 +668,10 @@ static const luaL_Reg fns[] = {
   { "opcost_reset", l_opcost_reset },
   { "opcost_entries", l_opcost_entries },
   { "opcost_learn", l_opcost_learn },
-  { "plan_install", l_plan_install },
+  { "checkpoint_set", l_checkpoint_set },
+  { "checkpoint_name", l_checkpoint_name },
+  { "checkpoint_prepare", l_checkpoint_prepare },
+  { "policy_plan", l_policy_plan },
   { "plan_simulate", l_plan_simulate },
   { "chain_from_sims", l_chain_from_sims },
   { "chain_optimal", l_chain_optimal },

@@ -83,6 +83,47 @@ describe("smaller debts", function()
   end)
 end)
 
+describe("the checkpoint pipeline lives in the core", function()
+  local nn, policy = remat.nn, remat.policy
+
+  it("no Lua file replaces Module.add, Module.forward or __call", function()
+    for _, f in ipairs(ls("lua/remat/*.lua")) do
+      local src = files.read(f)
+      assert.is_nil(src:match("Module_mt%.__call%s*="), f .. " replaces __call")
+      if not f:match("/nn%.lua$") then
+        for _, m in ipairs { "add", "forward" } do
+          assert.is_nil(src:match("function%s+Module[:.]" .. m .. "%s*%(") or src:match("Module%." .. m .. "%s*="),
+            f .. " replaces Module." .. m)
+        end
+      end
+    end
+    assert.are.equal("C", debug.getinfo(C.Module_mt.__call, "S").what)
+  end)
+
+  it("a forward from C plans a size-dependent policy (no Lua wrapper needed)", function()
+    local layers = {}
+    for i = 1, 8 do layers[i] = nn.MLP(16, 64, 0) end
+    local m = nn.Sequential(layers)
+    local x = remat.randn(64, 16)
+    local keep = m:plan(x).keep_peak
+    m:checkpoint(policy.budget(keep - 1))
+    local y = C.module_forward(m, x)          -- the binding's forward, not Module:forward
+    y:sum():backward()
+    local plan = C.checkpoint_prepare(m, x)   -- what that forward planned and installed
+    local recomputes = 0
+    for _, l in ipairs(plan) do if l.action ~= "keep" then recomputes = recomputes + 1 end end
+    assert.is_true(recomputes > 0)
+  end)
+
+  it("says \"policies apply to a Sequential\" in one place", function()
+    local n = 0
+    for _, f in ipairs(ls("core/*.c lua/*.c lua/remat/*.lua")) do
+      for _ in files.read(f):gmatch("policies apply to a Sequential") do n = n + 1 end
+    end
+    assert.are.equal(1, n)
+  end)
+end)
+
 describe("scoped state", function()
   it("no_grad restores grad mode when fn fails", function()
     assert.is_true(remat.grad_enabled())

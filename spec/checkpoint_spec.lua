@@ -453,6 +453,31 @@ describe("checkpoint policies reject bad input", function()
     assert.is_nil(m:checkpoint_policy())
   end)
 
+  it("a Sequential called from a Lua module's forward plans its policy for its input", function()
+    local body = nn.Sequential { nn.MLP(8, 32, 0), nn.MLP(8, 32, 0), nn.MLP(8, 32, 0) }
+    local calls = 0
+    body:checkpoint(function() calls = calls + 1 return "keep" end)
+    local outer = nn.module { body = body, forward = function(self, x) return self.body(x) end }
+    outer(remat.randn(16, 8)):sum():backward()
+    assert.equal(3, calls)
+    outer(remat.randn(16, 8)):sum():backward()
+    assert.equal(3, calls) -- once per input shape
+  end)
+
+  it("a custom policy that changes the model while it is being planned is refused", function()
+    local m = nn.Sequential { nn.Linear(3, 3), nn.ReLU() }
+    m:checkpoint(function() m:add(nn.ReLU()) return "keep" end)
+    local ok, err = pcall(function() return m(remat.randn(2, 3)) end)
+    assert.is_false(ok)
+    assert.matches("checkpoint: remat.policy.custom failed and was uninstalled .*being planned", err)
+    assert.equal(2, #m)
+    m:checkpoint(function() m:checkpoint(policy.none()) return "keep" end)
+    ok, err = pcall(function() return m(remat.randn(2, 3)) end)
+    assert.is_false(ok)
+    assert.matches("being planned", err)
+    assert.are.same({ 2, 3 }, m(remat.randn(2, 3)):shape())
+  end)
+
   it("a budget string that does not parse", function()
     assert.has_error(function() policy.budget("12 parsecs") end,
       "policy.budget: cannot read '12 parsecs' as a size (examples: 2GiB, 512MiB, 1e9)")

@@ -156,6 +156,35 @@ static int nulls_mode(void) {
   EXPECT(rm_lua_slice(L, NULL, 1, 1, &sl) == RM_ERR_ARG);
   EXPECT(rm_lua_slice(L, ctx, 1, 1, NULL) != RM_OK);     /* nothing at index 1 */
   EXPECT(rm_lua_slice(L, ctx, 1, NAN, &sl) != RM_OK);
+  /* models, tensors and policies from C */
+  int64_t shape[2] = { 2, 3 };
+  rm_policy pol = { .kind = RM_POLICY_EVERY, .every = 1 };
+  rm_tensor *y = NULL;
+  EXPECT(!rm_sequential_new(NULL) && !rm_nn_linear(NULL, 2, 2, true) && !rm_nn_layernorm(NULL, 2, 1e-5, true));
+  EXPECT(!rm_nn_gelu(NULL) && !rm_nn_relu(NULL) && !rm_nn_mlp(NULL, 2, 4, 0) && !rm_nn_block(NULL, 4, 2, 0));
+  EXPECT(!rm_tensor_filled(NULL, 0, 2, shape, 1) && !rm_tensor_filled(ctx, 0, 2, NULL, 1) && !rm_tensor_filled(ctx, 7, 2, shape, 1));
+  rm_module_release(NULL, NULL); rm_module_release(ctx, NULL); rm_tensor_drop(NULL, NULL); rm_tensor_drop(ctx, NULL); calls += 4;
+  EXPECT(rm_module_add_child(NULL, NULL, NULL) == RM_ERR_ARG && rm_module_add_child(ctx, NULL, NULL) == RM_ERR_ARG);
+  EXPECT(rm_module_forward(NULL, NULL, NULL, &y) == RM_ERR_ARG && rm_module_forward(ctx, NULL, NULL, &y) == RM_ERR_ARG);
+  EXPECT(rm_module_forward(ctx, NULL, NULL, NULL) == RM_ERR_ARG);
+  EXPECT(rm_backward(NULL, NULL, NULL) == RM_ERR_ARG && rm_backward(ctx, NULL, NULL) == RM_ERR_ARG);
+  EXPECT(rm_checkpoint(NULL, NULL, &pol) == RM_ERR_ARG && rm_checkpoint(ctx, NULL, &pol) == RM_ERR_ARG);
+  EXPECT(rm_checkpoint_plan(NULL, NULL, NULL) == RM_ERR_ARG && rm_checkpoint_plan(ctx, NULL, NULL) == RM_ERR_ARG);
+  EXPECT(rm_checkpoint_predict(NULL, NULL, NULL, NULL, NULL) == RM_ERR_ARG);
+  EXPECT(rm_checkpoint_predict(ctx, NULL, NULL, NULL, NULL) == RM_ERR_ARG && rm_checkpoint_action(NULL, 0) == NULL);
+  EXPECT(rm_memory_category_peak(NULL, 0, "activation") == 0 && rm_memory_category_peak(ctx, 0, NULL) == 0);
+  EXPECT(rm_memory_category_peak(ctx, 0, "nope") == 0 && rm_memory_restart_peak(NULL, 0) == RM_ERR_ARG);
+  EXPECT(rm_memory_restart_peak(ctx, 9) != RM_OK);
+  rm_module *seq = rm_sequential_new(ctx), *lin = rm_nn_linear(ctx, 3, 3, true);
+  EXPECT(rm_checkpoint(ctx, seq, NULL) == RM_ERR_ARG && rm_checkpoint(ctx, lin, &pol) == RM_ERR_ARG);
+  EXPECT(rm_module_add_child(ctx, seq, NULL) == RM_ERR_ARG && rm_module_add_child(ctx, seq, lin) == RM_OK);
+  EXPECT(rm_checkpoint_plan(ctx, seq, NULL) == RM_ERR_ARG && rm_checkpoint_action(seq, 0) == NULL);
+  EXPECT(rm_checkpoint(ctx, seq, &pol) == RM_OK && !strcmp(rm_checkpoint_action(seq, 0), "boundary"));
+  EXPECT(rm_checkpoint_action(seq, 1) == NULL && rm_checkpoint_action(seq, -1) == NULL);
+  pol.every = 0;
+  EXPECT(rm_checkpoint(ctx, seq, &pol) == RM_ERR_ARG);
+  rm_module_release(ctx, lin);
+  rm_module_release(ctx, seq);
   /* opened once: a second open is refused, and the first keeps working */
   EXPECT(rm_lua_open(L, ctx) == RM_OK);
   lua_setglobal(L, "remat");

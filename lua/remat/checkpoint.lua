@@ -6,19 +6,8 @@ local nn, policy = remat.nn, remat.policy
 local Module = nn.Module
 local fail = remat._fail
 
-local state = setmetatable({}, { __mode = "k" }) -- model -> { policy, sig, plan }
-
-local function signature(x)
-  local shape, dtype, device = C.info(x)
-  return table.concat(shape, "x") .. ":" .. dtype .. ":" .. device
-end
-
-local function check_sequential(m, where)
-  local t = m:type_name()
-  if t ~= "Sequential" then
-    error(("%s: policies apply to a Sequential, not a %s"):format(where, t), 3)
-  end
-end
+-- The Lua policy value set on each model (the core holds what it plans from).
+local policies = setmetatable({}, { __mode = "k" })
 
 -- The optimizer of a model: opt when given, else the one that updates its first
 -- parameter (remat.optim keeps track), or nil.
@@ -28,48 +17,22 @@ local function optimizer_of(model, opt)
   return params[1] and remat.optim.owner_of(params[1]) or nil
 end
 
+-- Optimizer state a whole-step plan must leave room for: what the optimizer has yet to
+-- make (from its first step on, that lives through every step).
+local function optim_extra(model, opt)
+  opt = optimizer_of(model, opt)
+  return opt and opt:step_bytes() or 0
+end
+
 -- The whole training step of a dry run sim: its peak over every category (forward,
 -- loss, backward with its gradients; the optimizer step updates in place) and the bytes
--- by category there, with the state the optimizer has yet to make added: from its
--- first step on, that lives through every step.
+-- by category there, with the state the optimizer has yet to make added.
 local function whole_step(sim, opt)
   local cats = {}
   for k, v in pairs(sim.step_by_category) do cats[k] = v end
-  -- state the optimizer makes at its first step lives through every later step
   local extra = opt and opt:step_bytes() or 0
   cats.optim = cats.optim + extra
   return sim.step_peak + extra, cats
-end
-
--- What the memory limit of x's device allows the whole step (on CUDA without a limit:
--- what the device has, reserved by remat or free), or nil.
-local function room_for(x)
-  local _, _, device = C.info(x)
-  local s = remat.memory.stats(device)
-  if s.limit then return s.limit end
-  if device == "cuda" then
-    local info = remat.cuda.info()
-    return s.reserved + info.free
-  end
-  return nil
-end
-
--- The context a policy resolves in: dry-run measurements of the model on x.
-local function resolve_ctx(model, x, loss, opt)
-  local keep
-  opt = optimizer_of(model, opt)
-  return {
-    model = model,
-    x = x,
-    optimizer = opt,
-    keep_stats = function()
-      keep = keep or C.plan_simulate(model, x, false, loss, true)
-      return keep
-    end,
-    simulate = function(plan, want_layers) return C.plan_simulate(model, x, plan, loss, want_layers) end,
-    step_peak = function(sim) return (whole_step(sim, opt)) end,
-    room = function() return room_for(x) end,
-  }
 end
 
 -- A policy constructor passed uncalled (policy.every instead of policy.every(4)).
@@ -93,63 +56,28 @@ local function as_policy(p, where)
   return p
 end
 
--- Sets the checkpoint policy of a Sequential; returns the model.
-function Module:checkpoint(p)
-  check_sequential(self, "checkpoint")
-  p = as_policy(p, "checkpoint")
-  local st = { policy = p }
-  if not p.needs_input then
-    local ok, plan = pcall(p.resolve, #self)
-    if not ok then fail("checkpoint: " .. tostring(plan)) end
-    st.plan = plan
+-- What the core plans from: the policy's description, and for a whole-step budget
+-- planned at a forward, how to find the optimizer state it must leave room for.
+local function description(p)
+  if p.kind == "budget" and p.whole_step then
+    return setmetatable({ extra = optim_extra }, { __index = p })
   end
-  -- resolved at the first forward, when sizes are known, for policies that need them
-  C.plan_install(self, st.plan)
-  state[self] = st
+  return p
+end
+
+-- Sets the checkpoint policy of a Sequential (the core plans it now, or at the first
+-- forward when it needs sizes, and again when layers are added); returns the model.
+function Module:checkpoint(p)
+  p = as_policy(p, "checkpoint")
+  C.checkpoint_set(self, description(p))
+  policies[self] = p
   return self
 end
 
 function Module:checkpoint_policy()
-  local st = state[self]
-  return st and st.policy or nil
+  -- a policy that failed at a forward was uninstalled by the core
+  return C.checkpoint_name(self) and policies[self] or nil
 end
-
--- Resolves a size-dependent policy for x (once per input signature) and installs it.
-local function prepare(model, x, loss, opt)
-  local st = state[model]
-  if not st or not st.policy.needs_input then return st and st.plan end
-  local sig = signature(x)
-  if st.sig ~= sig then
-    local ok, plan = pcall(st.policy.resolve, #model, resolve_ctx(model, x, loss, opt))
-    if not ok then
-      -- a failed policy does not stay installed: the model keeps everything again
-      state[model] = nil
-      C.plan_install(model, nil)
-      fail(("checkpoint: %s failed and was uninstalled (the model keeps everything): %s"):format(tostring(st.policy), tostring(plan)))
-    end
-    st.plan, st.sig = plan, sig
-    C.plan_install(model, plan)
-  end
-  return st.plan
-end
-remat._prepare_checkpoint = prepare
-
--- Adding a layer re-resolves the policy for the new length.
-local raw_add = Module.add
-function Module:add(m)
-  raw_add(self, m)
-  local st = state[self]
-  if st then self:checkpoint(st.policy) end
-  return self
-end
-
-local raw_forward = Module.forward
-function Module:forward(x)
-  C.step_begin()
-  if state[self] and C.grad_enabled() then prepare(self, x) end
-  return raw_forward(self, x)
-end
-C.Module_mt.__call = function(self, x) return self:forward(x) end
 
 local PlanReport = {}
 PlanReport.__index = PlanReport
@@ -216,6 +144,22 @@ local function recomputed_ops(model, x, loss, plan, keep)
   return res
 end
 
+-- A plan from the core names a selective layer's ops as a set; list them in the
+-- order the policy gave them (budget: policy.cheap_ops).
+local function in_policy_order(plan, p)
+  local rank = {}
+  for i, op in ipairs(p.ops or policy.cheap_ops) do rank[op] = i end
+  local function before(a, b)
+    local ra, rb = rank[a] or math.huge, rank[b] or math.huge
+    if ra ~= rb then return ra < rb end
+    return a < b
+  end
+  for _, l in ipairs(plan) do
+    if l.ops then table.sort(l.ops, before) end
+  end
+  return plan
+end
+
 -- The plan the model's policy (or opts.policy) gives for input x, with its predicted
 -- peak activation bytes and recompute FLOPs, from dry runs (nothing is computed).
 -- opts.loss: function(y) -> scalar loss used in the dry run (default: backward from y).
@@ -223,24 +167,23 @@ end
 -- parameters, if any), for step_peak: the whole step's peak bytes, every category, and
 -- step_by_category, the bytes of each category at that peak.
 function Module:plan(x, opts)
-  check_sequential(self, "plan")
   opts = opts or {}
   if type(opts) ~= "table" then error("plan: options must be a table", 2) end
   if not x then error("plan: needs an example input (model:plan(x))", 2) end
   -- predicts a step, which begins with a collection: both dry runs below start clean
   if C.step_collect() then collectgarbage() end
+  local extra = optim_extra(self, opts.optimizer)
   local p, plan
   if opts.policy then
     p = as_policy(opts.policy, "plan")
-    plan = p.resolve(#self, resolve_ctx(self, x, opts.loss, opts.optimizer))
-  elseif state[self] then
-    -- the plan training will use (resolved now for x when the policy needs sizes)
-    p = state[self].policy
-    plan = prepare(self, x, opts.loss, opts.optimizer)
+    plan = C.policy_plan(self, x, p, opts.loss, extra)
   else
-    p = policy.none()
-    plan = p.resolve(#self)
+    -- the plan training will use (planned now for x when the policy needs sizes)
+    plan = C.checkpoint_prepare(self, x, opts.loss, extra)
+    p = plan and policies[self] or policy.none()
+    plan = plan or C.policy_plan(self, x, p)
   end
+  in_policy_order(plan, p)
   local sim = C.plan_simulate(self, x, plan, opts.loss, true)
   local keep = C.plan_simulate(self, x, false, opts.loss, true)
   local recomputes = recomputed_ops(self, x, opts.loss, plan, keep)
