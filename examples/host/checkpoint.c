@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
   }
   rm_tensor_drop(ctx, x);
   rm_module_release(ctx, model);
-  if (rc != RM_OK) fprintf(stderr, "checkpoint: %s\n", rm_errmsg(ctx));
+  if (rc != RM_OK) fprintf(stderr, "error: %s\n", rm_errmsg(ctx));
   rm_ctx_free(ctx);
   return rc == RM_OK ? 0 : 1;
 }
