@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "opcost.h"
 #include "policy.h"
 #include "sequential.h"
 
@@ -459,6 +460,12 @@ int rm_checkpoint_plan(rm_ctx *ctx, rm_module *seq, rm_tensor *x) {
   rm_policy_state *st = seq->policy;
   if (st) st->planned = false;
   return rm_policy_prepare(ctx, seq, x, NULL);
+}
+
+int rm_checkpoint_measured_costs(rm_ctx *ctx, int on) {
+  if (!ctx) return RM_ERR_ARG;
+  rm_opcost_enable(ctx, on != 0);
+  return RM_OK;
 }
 
 const char *rm_checkpoint_action(const rm_module *seq, int layer) {

@@ -195,6 +195,10 @@ typedef struct rm_policy {
 int rm_checkpoint(rm_ctx *ctx, rm_module *seq, const rm_policy *p);
 /* Plans seq's policy for input x now (dry runs: nothing computed or allocated). */
 int rm_checkpoint_plan(rm_ctx *ctx, rm_module *seq, rm_tensor *x);
+/* Whether plans price a replay by the measured time of its ops (1, the default: each
+ * op call a dry run meets is timed alone once and cached) or by the roofline alone (0:
+ * the same plans in every process, whatever the machine's load). Returns RM_OK. */
+int rm_checkpoint_measured_costs(rm_ctx *ctx, int on);
 /* The planned action of a layer (0-based): "keep", "selective", "boundary",
  * "recompute"; NULL when seq has no plan (yet) or no such layer. */
 const char *rm_checkpoint_action(const rm_module *seq, int layer);

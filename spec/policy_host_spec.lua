@@ -2,7 +2,8 @@
 -- through core/remat.h (no Lua), sets a policy and gets its plan from the core
 -- (policy -> plan -> dry runs -> budget search -> install). Its budget plans fit,
 -- the real step stays within them, and they are the plans remat.policy gives the same
--- model in Lua (run in a fresh process too: budgets count every live activation).
+-- model in Lua (run in a fresh process too: budgets count every live activation; both
+-- price replays by the roofline: measured times differ between processes).
 local files = require "support.files"
 
 local build = os.getenv("REMAT_BUILD") or "build"
@@ -32,10 +33,10 @@ local ENV = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
 local SHAPE = { blocks = 6, width = 32, batch = 256 }
 
 -- The C host's report: plan (list of actions), predicted, step, measured, measured_step.
-local function host(policy, limit)
+local function host(policy, limit, measured)
   ensure_built()
-  local out, err, code = run(("%s%s/examples/checkpoint --blocks %d --width %d --batch %d --policy %s%s"):format(
-    ENV, build, SHAPE.blocks, SHAPE.width, SHAPE.batch, policy, limit and (" --limit " .. limit) or ""))
+  local out, err, code = run(("%s%s/examples/checkpoint --roofline %d --blocks %d --width %d --batch %d --policy %s%s"):format(
+    ENV, build, measured and 0 or 1, SHAPE.blocks, SHAPE.width, SHAPE.batch, policy, limit and (" --limit " .. limit) or ""))
   if code ~= 0 then return nil, err end
   local r = { plan = {} }
   for a in out:match("plan: ([^\n]*)"):gmatch("%S+") do r.plan[#r.plan + 1] = a end
@@ -50,6 +51,7 @@ local remat = require "remat"
 local nn, policy = remat.nn, remat.policy
 local blocks, d, b, what, limit = tonumber(arg[1]), tonumber(arg[2]), tonumber(arg[3]), arg[4], tonumber(arg[5])
 remat.manual_seed(1)
+remat._C.opcost_calibrate(false)   -- priced by the roofline, as the host's --roofline 1
 local layers = { nn.Linear(d, d) }
 for _ = 1, blocks do layers[#layers + 1] = nn.MLP(d, 4 * d, 0) end
 layers[#layers + 1] = nn.LayerNorm(d)
@@ -113,6 +115,9 @@ describe("a C host checkpoints a Sequential built through the C API #subprocess"
       assert.are.same(l.plan, c.plan)
       assert.are.equal(l.predicted, c.predicted)
       for _, a in ipairs(c.plan) do if a ~= "keep" then recomputing = recomputing + 1 end end
+      -- priced by measured times (the default), the plan may differ; it fits all the same
+      local m = assert(host("budget:" .. b, nil, true))
+      assert.is_true(m.measured <= b, ("budget %d, measured costs: the real step's peak %d"):format(b, m.measured))
     end
     assert.is_true(recomputing > 0, "no budget made the plan recompute anything")
   end)

@@ -2,9 +2,10 @@
  * Linear, MLP blocks and LayerNorm, a policy planned by the core (the same pipeline
  * as model:checkpoint in Lua: a budget runs the chain DP and verifies its plan by a
  * dry run), then one training forward and backward under the plan.
- *   checkpoint [--blocks N] [--width D] [--batch B] [--limit BYTES] [--policy P]
+ *   checkpoint [--blocks N] [--width D] [--batch B] [--limit BYTES] [--roofline 1] [--policy P]
  *   P: none | every:K | sqrt | selective:op,op,... | budget:BYTES | step
  *      (step: the whole step fits in what --limit leaves, as policy.budget())
+ *   --roofline 1: replays priced by the roofline, not measured times (reproducible plans)
  * Prints the plan, the predicted and the measured activation peak (absolute bytes, as
  * budgets count them) and the measured peak of every category; exits 1 with the
  * core's message (a budget that cannot be met names the smallest that can) on error. */
@@ -57,6 +58,7 @@ int main(int argc, char **argv) {
   int blocks = 6;
   int64_t width = 32, batch = 16;
   size_t limit = 0;
+  int roofline = 0;
   const char *pol = "sqrt";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--blocks")) blocks = atoi(argv[i + 1]);
@@ -64,19 +66,21 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--batch")) batch = atoll(argv[i + 1]);
     else if (!strcmp(argv[i], "--limit")) limit = (size_t)strtoull(argv[i + 1], NULL, 10);
     else if (!strcmp(argv[i], "--policy")) pol = argv[i + 1];
+    else if (!strcmp(argv[i], "--roofline")) roofline = atoi(argv[i + 1]);
     else break;
   }
   rm_policy policy;
   char buf[256];
   const char *ops[MAX_OPS];
   if (argc % 2 == 0 || strlen(pol) >= sizeof buf || !parse_policy(pol, &policy, buf, ops)) {
-    fprintf(stderr, "usage: checkpoint [--blocks N] [--width D] [--batch B] [--limit BYTES] "
+    fprintf(stderr, "usage: checkpoint [--blocks N] [--width D] [--batch B] [--limit BYTES] [--roofline 1] "
                     "[--policy none|every:K|sqrt|selective:op,...|budget:BYTES|step]\n");
     return 2;
   }
   rm_ctx *ctx = rm_ctx_new(NULL, NULL, NULL);
   if (!ctx) return 1;
   rm_manual_seed(ctx, 1);
+  if (roofline) rm_checkpoint_measured_costs(ctx, 0);
   int rc = limit ? rm_set_memory_limit(ctx, 0, limit) : RM_OK;
   rm_module *model = rc == RM_OK ? build(ctx, blocks, width) : NULL;
   if (!model) rc = rm_errcode(ctx);

@@ -174,7 +174,7 @@ static int nulls_mode(void) {
   EXPECT(rm_checkpoint_predict(ctx, NULL, NULL, NULL, NULL) == RM_ERR_ARG && rm_checkpoint_action(NULL, 0) == NULL);
   EXPECT(rm_memory_category_peak(NULL, 0, "activation") == 0 && rm_memory_category_peak(ctx, 0, NULL) == 0);
   EXPECT(rm_memory_category_peak(ctx, 0, "nope") == 0 && rm_memory_restart_peak(NULL, 0) == RM_ERR_ARG);
-  EXPECT(rm_memory_restart_peak(ctx, 9) != RM_OK);
+  EXPECT(rm_memory_restart_peak(ctx, 9) != RM_OK && rm_checkpoint_measured_costs(NULL, 0) == RM_ERR_ARG);
   rm_module *seq = rm_sequential_new(ctx), *lin = rm_nn_linear(ctx, 3, 3, true);
   EXPECT(rm_checkpoint(ctx, seq, NULL) == RM_ERR_ARG && rm_checkpoint(ctx, lin, &pol) == RM_ERR_ARG);
   EXPECT(rm_module_add_child(ctx, seq, NULL) == RM_ERR_ARG && rm_module_add_child(ctx, seq, lin) == RM_OK);
