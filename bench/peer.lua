@@ -9,7 +9,8 @@
 --     build/remat bench/peer.lua [--python /work/venv-torch/bin/python] [--rounds 7]
 --                                [--seconds 1.5] [--only mlp24|mlp|gpt] [--no-torch]
 -- Threads: remat runs with what it gets by default (one per core, remat.info().threads);
--- PyTorch gets the same count (torch.set_num_threads). Models:
+-- PyTorch gets the same count (torch.set_num_threads), and the OpenMP wait policy the
+-- user set (none by default), not the one the remat command sets for itself. Models:
 --   mlp24  24 pre-LN residual blocks (LayerNorm, Linear 256->1024, GELU, Linear 1024->256),
 --          batch 512, 256 inputs, a Linear(256, 10) head and cross-entropy, SGD (lr 1e-3);
 --   mlp    models/mlp.lua's model (Linear 784->256, GELU, 8 residual blocks of LayerNorm,
@@ -200,7 +201,10 @@ local function torch_peer()
   local script = io.open(dir .. "/peer.py", "w")
   script:write(PY)
   script:close()
-  local cmd = ("%q %s/peer.py %d > %s/out 2> %s/err"):format(o.python, dir, threads, dir, dir)
+  -- PyTorch gets the environment the user gave: not the spin count the remat command
+  -- sets for itself (lua/main.c)
+  local env = os.getenv("REMAT_SET_SPINCOUNT") and "env -u GOMP_SPINCOUNT -u REMAT_SET_SPINCOUNT " or ""
+  local cmd = ("%s%q %s/peer.py %d > %s/out 2> %s/err"):format(env, o.python, dir, threads, dir, dir)
   local pipe = io.popen(cmd, "w")
   local out = io.open(dir .. "/out", "r")
   local hello = out and out:read("l")
@@ -247,8 +251,8 @@ end
 
 local peer, why
 if o.torch then peer, why = torch_peer() end
-print(("remat %s: %s, core %s (%s); %d threads; simd %s"):format(info.version, info.blas, info.blas_core,
-  info.blas_core_from, threads, info.simd))
+print(("remat %s: %s, core %s (%s); %d threads; simd %s; omp wait %s"):format(info.version, info.blas,
+  info.blas_core, info.blas_core_from, threads, info.simd, info.omp_wait))
 print(peer and ("PyTorch %s, %d threads"):format(peer.version, threads)
   or ("PyTorch: not run (%s)"):format(o.torch and why or "--no-torch"))
 print(("load average at start: %s"):format(loadavg()))

@@ -129,6 +129,9 @@ typedef struct rm_info {
   int threads;             /* OpenMP threads a parallel region gets (BLAS included) */
   int blas_generic;        /* 1: the BLAS runs pre-AVX2 kernels on an AVX2+ CPU (slow) */
   int blas_openmp;         /* 1: BLAS calls share remat's OpenMP thread pool */
+  char omp_wait[64];       /* libgomp's wait policy as set in the environment: "GOMP_SPINCOUNT=1000
+                              (set by the remat command)", "OMP_WAIT_POLICY=passive", or
+                              "libgomp default (spins 300000 times, then sleeps)" */
 } rm_info;
 /* Fills *info (opening the CPU backend, and its BLAS, if not done yet). Returns RM_OK
  * or an error status. */

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <lua.h>
 #include <lauxlib.h>
@@ -86,12 +87,34 @@ static void print_version(lua_State *L) {
   printf("remat %s (%s)\n", REMAT_VERSION, LUA_RELEASE);
   rm_info r;
   if (rm_get_info(rm_lua_context(L), &r) != RM_OK) return;
-  printf("blas: %s, core %s (%s)%s%s\nthreads: %d (OpenMP%s), simd: %s\n", r.blas, r.blas_core,
-         r.blas_core_from, r.blas_path[0] ? ", " : "", r.blas_path, r.threads,
-         r.blas_openmp ? ", shared with the BLAS" : "; the BLAS keeps its own", r.simd);
+  printf("blas: %s, core %s (%s)%s%s\nthreads: %d (OpenMP%s), simd: %s\nomp wait: %s\n", r.blas,
+         r.blas_core, r.blas_core_from, r.blas_path[0] ? ", " : "", r.blas_path, r.threads,
+         r.blas_openmp ? ", shared with the BLAS" : "; the BLAS keeps its own", r.simd, r.omp_wait);
+}
+
+/* The OpenMP wait policy (README, "CPU speed"). By default libgomp's idle threads spin
+ * 300,000 times (about a millisecond) before they sleep: harmless when the cores are
+ * free, but on a machine shared with other busy processes the spinning takes the time
+ * the working threads need (bench/peer.lua's mlp: 5-15x slower steps). A count of 1,000
+ * (the one libgomp itself falls back to when it has more threads than CPUs) still
+ * bridges the gaps between the parallel loops of a step: no slower on a quiet machine
+ * (within 2%), 5-10x faster on a loaded one. libgomp reads GOMP_SPINCOUNT once, when it
+ * loads, before main; so when neither it nor OMP_WAIT_POLICY is set, the command sets
+ * it (and REMAT_SET_SPINCOUNT=1, so remat.info() and bench/peer.lua can tell) and runs
+ * itself again. A value the user set is kept. Under LD_PRELOAD (valgrind, sanitizers)
+ * the command does not re-execute itself, and keeps libgomp's default. */
+static void wait_policy(char **argv) {
+  const char *pre = getenv("LD_PRELOAD");
+  if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || (pre && *pre)) return;
+  if (setenv("GOMP_SPINCOUNT", "1000", 1) == 0 && setenv("REMAT_SET_SPINCOUNT", "1", 1) == 0)
+    execv("/proc/self/exe", argv);
+  /* not re-executed: leave the environment as found */
+  unsetenv("GOMP_SPINCOUNT");
+  unsetenv("REMAT_SET_SPINCOUNT");
 }
 
 int main(int argc, char **argv) {
+  wait_policy(argv);
   lua_State *L = luaL_newstate();
   if (!L) { fputs("remat: cannot create a Lua state\n", stderr); return 1; }
   luaL_openlibs(L);

@@ -34,6 +34,7 @@ describe("remat.info()", function()
     assert.is_truthy(({ sse2 = 1, ["sse4.2"] = 1, avx = 1, avx2 = 1, avx512 = 1 })[i.simd])
     assert.are.equal("boolean", type(i.cuda))
     assert.are.equal("boolean", type(i.blas_generic))
+    assert.are.equal("string", type(i.omp_wait))
   end)
 
   it("the default build runs OpenBLAS's OpenMP build, with kernels for this CPU, no variables set", function()
@@ -57,6 +58,23 @@ describe("the BLAS #subprocess", function()
     assert.are.equal(0, code, err)
     assert.matches("\nblas: [^\n]+, core %S+ %(", out)
     assert.matches("\nthreads: %d+ %(OpenMP", out)
+    assert.matches("\nomp wait: [^\n]+\n", out)
+  end)
+
+  it("the command sets GOMP_SPINCOUNT=1000 when no wait policy is set, and keeps one that is", function()
+    local clear = "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u REMAT_SET_SPINCOUNT -u LD_PRELOAD"
+    local out, err, code = run(clear .. " OMP_DISPLAY_ENV=verbose",
+      [[-e 'print(remat.info().omp_wait, os.getenv("GOMP_SPINCOUNT"))']])
+    assert.are.equal(0, code, err)
+    assert.are.equal("GOMP_SPINCOUNT=1000 (set by the remat command)\t1000\n", out)
+    -- libgomp read it: its display of the environment (when it loads) says so
+    assert.matches("GOMP_SPINCOUNT = '1000'", err, 1, true)
+    out, err, code = run(clear .. " OMP_WAIT_POLICY=passive", "-v")
+    assert.are.equal(0, code, err)
+    assert.matches("\nomp wait: OMP_WAIT_POLICY=passive\n", out)
+    out, err, code = run(clear .. " GOMP_SPINCOUNT=77", "-v")
+    assert.are.equal(0, code, err)
+    assert.matches("\nomp wait: GOMP_SPINCOUNT=77\n", out)
   end)
 
   it("never overrides OPENBLAS_CORETYPE, and warns when it makes an AVX2 CPU run generic kernels", function()

@@ -277,4 +277,11 @@ void rm_cpu_blas_report(const rm_cpu_blas *b, rm_info *r) {
   r->threads = omp_get_max_threads();
   r->blas_generic = b->generic;
   r->blas_openmp = b->openmp;
+  /* what libgomp read when it loaded (lua/main.c says why the command sets a count) */
+  const char *wp = getenv("OMP_WAIT_POLICY"), *sc = getenv("GOMP_SPINCOUNT");
+  if (wp) snprintf(r->omp_wait, sizeof r->omp_wait, "OMP_WAIT_POLICY=%.40s", wp);
+  else if (sc)
+    snprintf(r->omp_wait, sizeof r->omp_wait, "GOMP_SPINCOUNT=%.16s%s", sc,
+             getenv("REMAT_SET_SPINCOUNT") ? " (set by the remat command)" : "");
+  else snprintf(r->omp_wait, sizeof r->omp_wait, "libgomp default (spins 300000 times, then sleeps)");
 }
