@@ -146,9 +146,18 @@ RM_CPU_KERNEL(linear) {
   if (R >= INT_MAX || fin >= INT_MAX || fout >= INT_MAX)
     return rm_fail(ctx, RM_ERR_SHAPE, "linear: dimensions beyond BLAS's int range");
 
-  /* fill y with the bias (or zeros: the GEMM then uses beta = 1 either way) */
+  /* fill y with the bias (or zeros: the GEMM then uses beta = 1 either way); a
+   * contiguous bias row by row with memcpy (the strided loop below does not vectorise) */
   int64_t bs = b ? b->stride[0] : 0;
-  if (y->dtype == RM_F64) {
+  size_t es = rm_dtype_size(y->dtype), row = (size_t)fout * es;
+  char *yb = rm_tensor_ptr(y);
+  if (!b) {
+    memset(yb, 0, (size_t)R * row);
+  } else if (bs == 1) {
+    const char *bb = rm_tensor_ptr(b);
+    _Pragma("omp parallel for if (R * fout > RM_CPU_PAR_MIN)")
+    for (int64_t r = 0; r < R; r++) memcpy(yb + (size_t)r * row, bb, row);
+  } else if (y->dtype == RM_F64) {
     double *py = rm_tensor_ptr(y);
     const double *pb = b ? rm_tensor_ptr(b) : NULL;
     _Pragma("omp parallel for if (R * fout > RM_CPU_PAR_MIN)")
