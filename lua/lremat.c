@@ -118,6 +118,7 @@ static int open_module(lua_State *L) {
   lua_newtable(L); /* the module */
   lua_newtable(L); /* remat._C: the C functions */
   rm_lua_open_tensor(L);
+  rm_lua_open_index(L);
   rm_lua_open_nn(L);
   rm_lua_open_io(L);
   rm_lua_open_autograd(L);

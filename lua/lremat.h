@@ -39,8 +39,14 @@ rm_op_id rm_lua_check_op(lua_State *L, int idx, const char *fn);
  * core/ops.def declares; raises "<fn>: ..." naming an unknown name or a wrong type. */
 void rm_lua_read_attrs(lua_State *L, int idx, rm_op_id op, rm_attrs *a, const char *fn);
 
+/* A CPU float tensor with t's data: t held, or a copy (bfloat16 widened); raises. */
+rm_tensor *rm_lua_on_cpu(lua_State *L, rm_tensor *t, const char *fn);
+/* Element i (row-major over the view) of a CPU float32/float64 tensor. */
+double rm_lua_elem(const rm_tensor *t, int64_t i);
+
 /* Registration of each binding file's functions into the C table at -1. */
 void rm_lua_open_tensor(lua_State *L);
+void rm_lua_open_index(lua_State *L); /* after rm_lua_open_tensor (its metatable) */
 void rm_lua_open_nn(lua_State *L);
 void rm_lua_open_io(lua_State *L);
 void rm_lua_open_autograd(lua_State *L);
