@@ -21,6 +21,7 @@ static int usage(FILE *f) {
         "  -         run the script on standard input\n"
         "  remat plan SCRIPT [--budget B | --policy P]   print a model script's checkpoint plan\n"
         "                                    (remat plan --help for more)\n"
+        "  remat plot LOG [--out PATH]   draw a metrics log (remat.train.metrics): loss and memory\n"
         "With no script, remat starts a REPL (plain lines, no prompt, when the input is not a terminal).\n", f);
   return 0;
 }
@@ -61,12 +62,13 @@ static int run_chunk(lua_State *L, int loadrc, int nargs) {
   return report(L, rc, "remat");
 }
 
-/* `remat plan`: its errors are the user's (a bad flag, a script that is not
- * plannable, an error in the script, located at its line): no traceback. */
-static int run_plan(lua_State *L) {
+/* `remat plan` and `remat plot` (the Lua modules remat.plancmd and remat.plotcmd): their
+ * errors are the user's (a bad flag, a script that is not plannable, an error in the
+ * script located at its line, an unreadable log): no traceback. */
+static int run_command(lua_State *L, const char *module, const char *who) {
   lua_getglobal(L, "require");
-  lua_pushliteral(L, "remat.plancmd");
-  return report(L, lua_pcall(L, 1, 0, 0), "remat plan");
+  lua_pushstring(L, module);
+  return report(L, lua_pcall(L, 1, 0, 0), who);
 }
 
 /* For -e, the globals the REPL has: remat, nn, optim, policy. */
@@ -152,7 +154,10 @@ int main(int argc, char **argv) {
   }
   if (i < argc && !strcmp(argv[i], "plan")) {
     set_args(L, argv, argc, i);
-    status = run_plan(L);
+    status = run_command(L, "remat.plancmd", "remat plan");
+  } else if (i < argc && !strcmp(argv[i], "plot")) {
+    set_args(L, argv, argc, i);
+    status = run_command(L, "remat.plotcmd", "remat plot");
   } else if (i < argc) {
     set_args(L, argv, argc, i);
     int nargs = argc - i - 1;

@@ -1,8 +1,10 @@
 -- A small CNN on Fashion-MNIST, trained under an activation-memory budget.
 --
 --   remat models/cnn.lua [--epochs 2] [--batch 128] [--width 32] [--lr 3e-3]
---                        [--budget 90%|BYTES|none] [--every 100] [--seed 1] [--batchnorm] [--quick]
--- (--batchnorm: a BatchNorm2d after each convolution)
+--                        [--budget 90%|BYTES|none] [--every 100] [--seed 1] [--batchnorm]
+--                        [--log PATH] [--quick]
+-- (--batchnorm: a BatchNorm2d after each convolution; --log PATH: a metrics log, .jsonl or
+-- .csv, one record per step, for `remat plot PATH`)
 --
 -- The model: Conv2d(1, W/2, 3, pad 1) -> ReLU -> MaxPool2d(2)
 --            -> Conv2d(W/2, W, 3, pad 1) -> ReLU -> MaxPool2d(2)
@@ -25,18 +27,18 @@ local argv = { ... }
 
 local function usage(msg)
   local text = "usage: remat models/cnn.lua [--epochs N] [--batch N] [--width N] [--lr X]\n"
-    .. "       [--budget 90%|BYTES|none] [--every N] [--seed N] [--batchnorm] [--quick]\n"
+    .. "       [--budget 90%|BYTES|none] [--every N] [--seed N] [--batchnorm] [--log PATH] [--quick]\n"
   if not msg then io.write(text) os.exit(0) end
   io.stderr:write("models/cnn.lua: ", msg, "\n", text)
   os.exit(2)
 end
 
 local o = { epochs = 2, batch = 128, width = 32, lr = 3e-3, budget = "90%", every = 100, seed = 1,
-            quick = false, plan = false, batchnorm = false, train_limit = nil, test_limit = nil }
+            log = nil, quick = false, plan = false, batchnorm = false, train_limit = nil, test_limit = nil }
 do
   cli.parse(argv, o, {
     numbers = { epochs = true, batch = true, width = true, lr = true, every = true, seed = true },
-    strings = { budget = true }, switches = { quick = true, plan = true, batchnorm = true }, usage = usage })
+    strings = { budget = true, log = true }, switches = { quick = true, plan = true, batchnorm = true }, usage = usage })
   if o.quick then
     o.epochs, o.width, o.train_limit, o.test_limit, o.every, o.batch = 1, 8, 1024, 500, 4, 64
   end
@@ -92,25 +94,6 @@ end
 -- Images (N, 784) in [0, 1] -> (N, 1, 28, 28).
 local function images(xb) return xb:view(xb:size(1), 1, 28, 28) end
 
-local function accuracy(model, ds)
-  model:eval()
-  local correct = 0
-  remat.no_grad(function()
-    for xb, yb in ds:batches(500, { shuffle = false }) do
-      local x <close> = images(xb)
-      local logits <close> = model(x)
-      local pred <close> = logits:argmax(2)
-      local hit <close> = pred:eq(yb)
-      local s <close> = hit:sum()
-      correct = correct + s:item()
-      xb:free()
-      yb:free()
-    end
-  end)
-  model:train()
-  return correct / ds.n
-end
-
 local train = remat.data.fashion_mnist("train", { limit = o.train_limit })
 local test = remat.data.fashion_mnist("test", { limit = o.test_limit })
 print(("%s\n%s"):format(tostring(train), tostring(test)))
@@ -140,34 +123,11 @@ local sched = optim.scheduler(opt, optim.schedule.warmup_cosine {
 
 print(("training: %d epochs of %d steps, batch %d, AdamW lr %g (warmup + cosine)"):format(
   o.epochs, steps_per_epoch, o.batch, o.lr))
-local step, t_start = 0, remat.now()
-local t_last, seen_last = t_start, 0
-for epoch = 1, o.epochs do
-  local loss_sum, loss_n = 0, 0
-  for xb, yb in train:batches(o.batch, { drop_last = true }) do
-    step = step + 1
-    sched:step()
-    local x <close> = images(xb)
-    local logits <close> = model(x)
-    local loss <close> = nn.cross_entropy(logits, yb)
-    loss:backward()
-    opt:step()
-    opt:zero_grad()
-    loss_sum, loss_n = loss_sum + loss:item(), loss_n + 1
-    xb:free()
-    yb:free()
-    if step % o.every == 0 or step == total then
-      local now = remat.now()
-      local m = remat.memory.stats()
-      print(("epoch %d step %4d/%d  loss %.4f  %6.0f ex/s  memory live %s peak %s  ETA %.0f s"):format(
-        epoch, step, total, loss_sum / loss_n, (step - seen_last) * o.batch / (now - t_last), fmt(m.live),
-        fmt(m.peak), (total - step) * (now - t_start) / step))
-      loss_sum, loss_n, t_last, seen_last = 0, 0, now, step
-    end
-  end
-end
-local elapsed = remat.now() - t_start
+local run = remat.train.fit {
+  model = model, optimizer = opt, scheduler = sched, data = train, batch_size = o.batch, epochs = o.epochs,
+  input = images, progress = print, every = o.every, log = o.log,
+}
 
-local acc = accuracy(model, test)
+local acc = remat.train.accuracy(model, test, { batch_size = 500, input = images })
 print(("test accuracy %.2f%% after %d epochs (%.1f s of training, %.0f examples/s)"):format(100 * acc, o.epochs,
-  elapsed, step * o.batch / elapsed))
+  run.seconds, run.examples_per_s))

@@ -2,7 +2,7 @@
 --
 --   remat models/mlp.lua [--epochs 2] [--batch 128] [--blocks 8] [--width 256]
 --                        [--lr 2e-3] [--budget 60%|BYTES|none] [--every 100]
---                        [--seed 1] [--save PATH] [--quick]
+--                        [--seed 1] [--save PATH] [--log PATH] [--quick]
 --
 -- The model: Linear(784, W) -> GELU -> B residual blocks (LayerNorm, Linear(W, 2W), GELU,
 -- Linear(2W, W)) -> LayerNorm -> Linear(W, 10), trained with AdamW and a warmup + cosine
@@ -11,6 +11,7 @@
 -- that peak), prints the plan, and prints the measured activation peak of one step next
 -- to the predicted one. At the end: test accuracy, peak memory by category, and a save /
 -- reload check of the weights (the reloaded model must give the same outputs).
+-- --log PATH: a metrics log (.jsonl or .csv, one record per step) for `remat plot PATH`.
 --
 -- `--quick`: a small model on a slice of the data, for specs (a few seconds).
 -- `--plan` as the first argument (the convention of `remat plan SCRIPT`): returns
@@ -25,18 +26,18 @@ local argv = { ... } -- as `remat SCRIPT args` and `remat plan` pass them
 -- msg nil: --help (the usage on stdout, exit 0).
 local function usage(msg)
   local text = "usage: remat models/mlp.lua [--epochs N] [--batch N] [--blocks N] [--width N] [--lr X]\n"
-    .. "       [--budget 60%|BYTES|none] [--every N] [--seed N] [--save PATH] [--quick]\n"
+    .. "       [--budget 60%|BYTES|none] [--every N] [--seed N] [--save PATH] [--log PATH] [--quick]\n"
   if not msg then io.write(text) os.exit(0) end
   io.stderr:write("models/mlp.lua: ", msg, "\n", text)
   os.exit(2)
 end
 
 local o = { epochs = 2, batch = 128, blocks = 8, width = 256, lr = 2e-3, budget = "60%", every = 100, seed = 1,
-            save = nil, quick = false, plan = false, train_limit = nil, test_limit = nil }
+            save = nil, log = nil, quick = false, plan = false, train_limit = nil, test_limit = nil }
 do
   cli.parse(argv, o, {
     numbers = { epochs = true, batch = true, blocks = true, width = true, lr = true, every = true, seed = true },
-    strings = { budget = true, save = true }, switches = { quick = true, plan = true }, usage = usage })
+    strings = { budget = true, save = true, log = true }, switches = { quick = true, plan = true }, usage = usage })
   if o.quick then
     o.epochs, o.blocks, o.width, o.train_limit, o.test_limit, o.every = 1, 4, 64, 2048, 1000, 4
   end
@@ -89,25 +90,6 @@ local function budget_bytes(keep_peak)
   return bytes
 end
 
--- Accuracy of model on ds (eval mode, no tape), in batches of 1000.
-local function accuracy(model, ds)
-  model:eval()
-  local correct = 0
-  remat.no_grad(function()
-    for xb, yb in ds:batches(1000, { shuffle = false }) do
-      local logits <close> = model(xb)
-      local pred <close> = logits:argmax(2)
-      local hit <close> = pred:eq(yb)
-      local s <close> = hit:sum()
-      correct = correct + s:item()
-      xb:free()
-      yb:free()
-    end
-  end)
-  model:train()
-  return correct / ds.n
-end
-
 local train = remat.data.fashion_mnist("train", { limit = o.train_limit })
 local test = remat.data.fashion_mnist("test", { limit = o.test_limit })
 print(("%s\n%s"):format(tostring(train), tostring(test)))
@@ -138,50 +120,31 @@ local sched = optim.scheduler(opt, optim.schedule.warmup_cosine {
 
 print(("training: %d epochs of %d steps, batch %d, AdamW lr %g (warmup + cosine)"):format(
   o.epochs, steps_per_epoch, o.batch, o.lr))
-local step, t_start = 0, remat.now()
-local t_last, seen_last = t_start, 0
 local measured
-for epoch = 1, o.epochs do
-  local loss_sum, loss_n = 0, 0
-  for xb, yb in train:batches(o.batch, { drop_last = true }) do
-    step = step + 1
-    sched:step()
+local run = remat.train.fit {
+  model = model, optimizer = opt, scheduler = sched, data = train, batch_size = o.batch, epochs = o.epochs,
+  progress = print, every = o.every, log = o.log,
+  -- measure one step's activation peak (step 1 resolved the plan and made the state)
+  before_step = function(step)
     if step == 2 then
-      -- measure one step's activation peak (step 1 resolved the plan and made the state)
       collectgarbage()
       collectgarbage()
       remat.memory.reset_peak()
     end
-    local logits <close> = model(xb)
-    local loss <close> = nn.cross_entropy(logits, yb)
-    loss:backward()
+  end,
+  after_backward = function(step)
     if step == 2 then measured = remat.memory.stats().peak_by_category.activation end
-    opt:step()
-    opt:zero_grad()
-    local l = loss:item()
-    loss_sum, loss_n = loss_sum + l, loss_n + 1
-    xb:free()
-    yb:free()
-    if step % o.every == 0 or step == total then
-      local now = remat.now()
-      local m = remat.memory.stats()
-      print(("epoch %d step %4d/%d  loss %.4f  %7.0f ex/s  memory live %s peak %s  lr %.2e"):format(
-        epoch, step, total, loss_sum / loss_n, (step - seen_last) * o.batch / (now - t_last), fmt(m.live),
-        fmt(m.peak), opt.lr))
-      loss_sum, loss_n, t_last, seen_last = 0, 0, now, step
-    end
-  end
-end
-local elapsed = remat.now() - t_start
+  end,
+}
 if measured then
   print(("activation peak of one step: measured %s, predicted %s (%+.1f%%)%s"):format(fmt(measured),
     fmt(plan.predicted_peak), 100 * (measured - plan.predicted_peak) / plan.predicted_peak,
     budget and (", budget %s"):format(fmt(budget)) or ""))
 end
 
-local acc = accuracy(model, test)
+local acc = remat.train.accuracy(model, test)
 print(("test accuracy %.2f%% after %d epochs (%.1f s of training, %.0f examples/s)"):format(100 * acc, o.epochs,
-  elapsed, step * o.batch / elapsed))
+  run.seconds, run.examples_per_s))
 
 local m = remat.memory.stats()
 local cats = {}

@@ -8,6 +8,7 @@ local files = require "support.files"
 local CLASSES = {
   ["x"] = "remat.Tensor", ["m"] = "remat.nn.Module", ["opt"] = "remat.optim.Optimizer",
   ["ds"] = "remat.data.Dataset", ["text"] = "remat.data.Text", ["s"] = "remat.train.Stepper",
+  ["log"] = "remat.train.Metrics",
 }
 
 local function lookup(qualified)

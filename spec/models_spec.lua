@@ -102,7 +102,27 @@ end)
 
 describe("models/cnn.lua --quick", function()
   local out, code
-  setup(function() out, code = run("models/cnn.lua", "--quick") end)
+  local log = os.tmpname() .. ".jsonl"
+  setup(function() out, code = run("models/cnn.lua", "--quick --log " .. log) end)
+  teardown(function() os.remove(log) end)
+
+  it("writes a metrics log of every step that remat plot draws", function()
+    assert.are.equal(0, code, out)
+    local m = remat.train.read_metrics(log)
+    assert.are.equal(16, #m.rows) -- 1024 examples in batches of 64
+    for i, r in ipairs(m.rows) do
+      assert.are.equal(i, r.step)
+      assert.is_true(r.loss > 0 and r.lr > 0 and r.examples_per_s > 0 and r.mem_param > 0, i)
+    end
+    local png = log:gsub("%.jsonl$", ".png")
+    local o, c = run("plot", log)
+    assert.are.equal(0, c, o)
+    assert.truthy(has(o, "wrote " .. png .. " (16 records, loss, memory: live, param"), o)
+    local f = assert(io.open(png, "rb"))
+    assert.are.equal("\137PNG", f:read(4))
+    f:close()
+    os.remove(png)
+  end)
 
   it("trains convolutions under a budget plan, evaluates, and exits 0", function()
     assert.are.equal(0, code, out)

@@ -12,6 +12,8 @@ require "remat.policy"
 require "remat.checkpoint"
 require "remat.dist"
 require "remat.train"
+require "remat.metrics"
+require "remat.fit"
 
 -- A method called with a dot (x.f() for x:f()) or on another kind of object raises an
 -- error naming the method, instead of one from inside the library.
@@ -39,4 +41,5 @@ guard(remat.optim.Optimizer, "an optimizer", has_mt(remat.optim.Optimizer))
 guard(remat.data.Dataset, "a dataset", has_mt(remat.data.Dataset))
 guard(remat.data.Text, "a text dataset", has_mt(remat.data.Text))
 guard(remat.train.Stepper, "a stepper", has_mt(remat.train.Stepper))
+guard(remat.train.Metrics, "a metrics log", has_mt(remat.train.Metrics))
 return remat
