@@ -1,6 +1,6 @@
 -- Conv2d, MaxPool2d, AvgPool2d, BatchNorm1d/2d and PositionalEmbedding: forward
 -- against naive Lua references, gradients against float64 central differences, and
--- BatchNorm's running statistics under every checkpoint policy.
+-- BatchNorm's running statistics under every checkpoint policy, budget plans included.
 local remat = require "remat"
 local kit = require "support.kit"
 local nn, policy = remat.nn, remat.policy
@@ -269,6 +269,32 @@ describe("BatchNorm running statistics under checkpointing", function()
       for i = 1, #ref_grads do assert.are.same(ref_grads[i], grads[i]) end
     end)
   end
+
+  -- Budget plans: the budgets are found here, from this model's own plans (the smallest
+  -- activation budget any plan fits, and halfway up to keeping everything), so that the
+  -- rest of the suite cannot move them; each must recompute a BatchNorm layer.
+  it("replays never update them again, and gradients are unchanged, under budget plans", function()
+    local m = build()
+    local loss = function(y) return nn.cross_entropy(y, lab) end
+    local keep = m:plan(x, { loss = loss }).keep_peak
+    local ok, err = pcall(m.plan, m, x, { loss = loss, policy = policy.budget(1) })
+    assert.is_false(ok)
+    local smallest = math.tointeger(tonumber(tostring(err):match("policy%.budget%((%d+)%)")))
+    assert.truthy(smallest, err)
+    for _, b in ipairs { smallest, (smallest + keep) // 2 } do
+      local plan = m:plan(x, { loss = loss, policy = policy.budget(b) })
+      local replayed = false
+      for _, l in ipairs(plan.layers) do
+        if l.type == "BatchNorm1d" or tostring(l.name):find("BatchNorm", 1, true) then
+          replayed = replayed or l.action == "recompute" or l.action == "boundary"
+        end
+      end
+      assert.is_true(replayed, ("budget %d: no BatchNorm layer is replayed\n%s"):format(b, tostring(plan)))
+      local stats, grads = run(policy.budget(b))
+      for i = 1, #ref_stats do assert.are.same(ref_stats[i], stats[i]) end
+      for i = 1, #ref_grads do assert.are.same(ref_grads[i], grads[i]) end
+    end
+  end)
 end)
 
 describe("nn.PositionalEmbedding", function()
