@@ -88,6 +88,31 @@ describe("remat.save_checkpoint / load_checkpoint", function()
     os.remove(path)
   end)
 
+  it("carries BatchNorm's running statistics (buffers) with the weights", function()
+    local function bn_model(seed)
+      remat.manual_seed(seed)
+      return nn.Sequential { nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3) }
+    end
+    local m = bn_model(1)
+    local o = optim.SGD(m:parameters(), { lr = 0.1, momentum = 0.9 })
+    train(m, o, optim.scheduler(o, optim.schedule.constant(0.1)), 1, 3)
+    local names = {}
+    for _, b in ipairs(m:named_buffers()) do names[#names + 1] = b[1] end
+    assert.are.same({ "2.running_mean", "2.running_var" }, names)
+    local path = os.tmpname()
+    remat.save_checkpoint(path, { model = m, optimizer = o })
+    local m2 = bn_model(2)
+    local o2 = optim.SGD(m2:parameters(), { lr = 0.1, momentum = 0.9 })
+    remat.load_checkpoint(path, { model = m2, optimizer = o2 })
+    os.remove(path)
+    assert.are.same(C.flat(m[2].running_mean), C.flat(m2[2].running_mean))
+    assert.are.same(C.flat(m[2].running_var), C.flat(m2[2].running_var))
+    m:eval()
+    m2:eval()
+    local x = batch(9)
+    assert.are.same(C.flat(m(x)), C.flat(m2(x)))
+  end)
+
   it("refuses what does not fit, naming the problem", function()
     local m, o, s = build("AdamW", 1)
     train(m, o, s, 1, 1)

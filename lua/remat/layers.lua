@@ -198,6 +198,7 @@ local function batchnorm(kind, rank, n, opts)
   local def = {
     name = ("%s(%d)"):format(kind, n), num_features = n, eps = eps, momentum = momentum,
     running_mean = remat.zeros(n), running_var = remat.ones(n),
+    buffers = { "running_mean", "running_var" },
   }
   if opts.affine ~= false then
     def.weight = remat.ones(n):requires_grad(true)

@@ -153,9 +153,35 @@ function Module:info()
            training = training }
 end
 
+-- Buffers: tensors a Lua module keeps besides its parameters (BatchNorm's running
+-- statistics), named by its `buffers` field (a list of field names); state_dict and
+-- load_state_dict carry them with the parameters. -> { {name, tensor}, ... }, named as
+-- parameters are ("2.running_mean").
+function Module:named_buffers()
+  local out = {}
+  local function walk(m, prefix)
+    if C.module_info(m) == "Lua" then
+      local names = m.buffers
+      if type(names) == "table" then
+        for _, b in ipairs(names) do
+          local t = m[b]
+          if is_tensor(t) then out[#out + 1] = { prefix .. b, t } end
+        end
+      end
+    end
+    for i, c in ipairs(C.module_children(m)) do
+      walk(c[2], prefix .. (c[1] ~= "" and c[1] or tostring(i)) .. ".")
+    end
+  end
+  walk(self, "")
+  return out
+end
+
+-- name -> tensor: the parameters and the buffers.
 function Module:state_dict()
   local sd = {}
   for _, p in ipairs(C.module_params(self)) do sd[p[1]] = p[2] end
+  for _, b in ipairs(self:named_buffers()) do sd[b[1]] = b[2] end
   return sd
 end
 
@@ -164,12 +190,13 @@ local function shape_str(t)
   return #s == 0 and "scalar" or table.concat(s, "x")
 end
 
--- Copies the values of sd (name -> tensor) into the parameters. Every key must match
--- a parameter of the same size; otherwise nothing is copied and the error lists the
+-- Copies the values of sd (name -> tensor) into the parameters and buffers. Every key
+-- must match a parameter or buffer of the same size; otherwise nothing is copied and the error lists the
 -- missing keys, unexpected keys and size mismatches.
 function Module:load_state_dict(sd)
   if type(sd) ~= "table" then error("load_state_dict: expected a table of tensors, got " .. type(sd), 2) end
   local params, seen = C.module_params(self), {}
+  for _, b in ipairs(self:named_buffers()) do params[#params + 1] = b end
   local missing, wrong, unexpected = {}, {}, {}
   for _, p in ipairs(params) do
     local name, t = p[1], p[2]
