@@ -587,12 +587,13 @@ function optim.clip_grad_norm(params, max_norm)
   end
   -- One float64 running sum per device, read once at the end: one synchronisation per
   -- call, not one per parameter.
-  local grads, total, acc = {}, 0, {}
+  local grads, owners, total, acc = {}, {}, 0, {}
   local ok, err = pcall(C.scoped, "temp", nil, function()
     for _, p in ipairs(params) do
       local g = grad_of(p)
       if g then
         grads[#grads + 1] = g
+        owners[#grads] = p
         local _, gdt, dev = C.info(g)
         local x = gdt == "bfloat16" and C.op(C.ops.cast, { dtype = F32_ID }, g) or g
         local sq = C.op(C.ops.mul, nil, x, x)
@@ -627,7 +628,17 @@ function optim.clip_grad_norm(params, max_norm)
     local coef = max_norm / (total + 1e-6)
     if coef < 1 then
       ok, err = pcall(function()
-        for _, g in ipairs(grads) do C.op_into(C.ops.mul_scalar, { value = coef }, { g }, { g }) end
+        for k, g in ipairs(grads) do
+          local p, pg = owners[k], C.grad(owners[k])
+          if C.is_contiguous(pg) then
+            C.op_into(C.ops.mul_scalar, { value = coef }, { g }, { g })
+          else -- g is a contiguous copy of a strided gradient: the scaled copy becomes it
+            local scaled = C.scoped("grad", false, C.op, C.ops.mul_scalar, { value = coef }, pg)
+            C.set_grad(p, scaled)
+            C.free(scaled)
+          end
+          C.free(pg)
+        end
       end)
     end
   end
