@@ -11,6 +11,10 @@ local CLASSES = {
   ["log"] = "remat.train.Metrics",
 }
 
+-- Tables generated from the op registry, one entry per op of core/ops.def: documented
+-- as one entry (each op's meaning is at its definition, core/op_<family>.c).
+local GENERATED = { ["remat.ops"] = true }
+
 local function lookup(qualified)
   local v = { remat = remat }
   for part in qualified:gmatch("[^.]+") do
@@ -31,7 +35,7 @@ local function public_names()
       if type(k) == "string" and not k:find("^_") then
         local name = prefix .. "." .. k
         names[#names + 1] = name
-        if type(v) == "table" and #v == 0 then walk(v, name) end
+        if type(v) == "table" and #v == 0 and not GENERATED[name] then walk(v, name) end
       end
     end
   end
