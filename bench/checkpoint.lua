@@ -182,9 +182,14 @@ local function measure(task, list, rounds)
   for r = 1, opts.warmup + rounds do
     local none_t
     for i, e in ipairs(list) do
+      C.op_timers(true) -- clears the totals: this step's replays alone
       local f, b, peak = step(e.model, task)
       e.peaks[#e.peaks + 1] = peak
+      local rep = 0
+      for _, t in pairs(C.op_timing()) do rep = rep + t.replay_seconds end
+      e.reps = e.reps or {}
       if r > opts.warmup then
+        e.reps[#e.reps + 1] = rep
         e.steps[#e.steps + 1] = f + b
         e.fwds[#e.fwds + 1] = f
         if i == 1 then none_t = f + b end
@@ -204,6 +209,7 @@ local function measure(task, list, rounds)
   end
   for _, e in ipairs(list) do
     e.time, e.fwd, e.ratio, e.over = median(e.steps), median(e.fwds), median(e.ratios), median(e.overs)
+    e.rep = median(e.reps)
     local s = table.move(e.ratios, 1, #e.ratios, 1, {})
     table.sort(s)
     e.q25, e.q75 = s[math.max(1, math.floor(#s * 0.25 + 0.5))], s[math.max(1, math.floor(#s * 0.75 + 0.5))]
@@ -379,15 +385,16 @@ for _, res in ipairs(results) do
   local mk = task.name:match("^MLP") and "mlp" or "gpt"
   out("")
   out("== %s (%d layers in the Sequential): none() step %.3f s (fwd %.3f s)", task.name, task.n, list[1].time, list[1].fwd)
-  out("   rec ms: predicted replay time, per-op costs learned in these rounds; alone: as planned (ops timed alone)")
+  out("   rec ms: predicted replay time, per-op costs learned in these rounds; alone: as planned (ops timed alone);")
+  out("   meas: the replays' measured time in a step (per-op timers, median over rounds)")
   out("   pred x: none()'s step + rec ms, over none()'s step; err: time x (median of per-round ratios) vs pred x")
-  out("%-40s %7s %7s %11s %8s %7s %8s %7s %7s %7s %7s %6s | %7s %7s", "policy", "step s", "time x", "q25-q75",
-    "peak MiB", "mem x", "pred MiB", "pred/ms", "rec ms", "alone", "pred x", "err", "torch t", "torch m")
+  out("%-40s %7s %7s %11s %8s %7s %8s %7s %7s %7s %7s %7s %6s | %7s %7s", "policy", "step s", "time x", "q25-q75",
+    "peak MiB", "mem x", "pred MiB", "pred/ms", "rec ms", "meas", "alone", "pred x", "err", "torch t", "torch m")
   for _, e in ipairs(list) do
     local err = e.ratio / (e.pred_time / list[1].time) - 1
-    out("%-40s %7.3f %6.3fx %5.2f-%5.2f %8.2f %6.3fx %8.2f %7.3f %7.2f %7.2f %6.3fx %+5.1f%% | %s", e.label:sub(1, 40), e.time,
-      e.ratio, e.q25, e.q75, e.peak / MiB, e.mem_ratio, e.plan.predicted_peak / MiB, e.plan.predicted_peak / e.peak,
-      e.pred_rec_s * 1e3, e.alone_rec_s * 1e3, e.pred_time / list[1].time, 100 * err, torch_cols(mk, e))
+    out("%-40s %7.3f %6.3fx %5.2f-%5.2f %8.2f %6.3fx %8.2f %7.3f %7.2f %7.2f %7.2f %6.3fx %+5.1f%% | %s", e.label:sub(1, 40),
+      e.time, e.ratio, e.q25, e.q75, e.peak / MiB, e.mem_ratio, e.plan.predicted_peak / MiB, e.plan.predicted_peak / e.peak,
+      e.pred_rec_s * 1e3, e.rep * 1e3, e.alone_rec_s * 1e3, e.pred_time / list[1].time, 100 * err, torch_cols(mk, e))
     if e.peak ~= e.peak_min then out("    (peak varied between steps: %d .. %d bytes)", e.peak_min, e.peak) end
     if e.budget and e.peak > e.budget then out("    (peak over its budget of %d bytes)", e.budget) end
   end
@@ -437,6 +444,17 @@ for _, res in ipairs(results) do
 end
 out("  measured/predicted step time: worst %+.1f%% over %d plans (target within 3%%: %s)", 100 * worst, nplans,
   met(math.abs(worst) <= 0.03))
+local rworst, rplans = 0, 0
+for _, res in ipairs(results) do
+  for _, e in ipairs(res.list) do
+    if e.pred_rec_s > 0 then
+      local err = e.rep / e.pred_rec_s - 1
+      rplans = rplans + 1
+      if math.abs(err) > math.abs(rworst) then rworst = err end
+    end
+  end
+end
+out("  measured/predicted replay time (per-op timers, inside the step): worst %+.1f%% over %d plans", 100 * rworst, rplans)
 for _, res in ipairs(results) do
   for _, pair in ipairs { { "at_sqrt", "sqrt" }, { "at_every1", "every1" } } do
     local b, ref = find(res.list, pair[1]), find(res.list, pair[2])
