@@ -17,7 +17,10 @@
  *     if it is the model's); the next layer counts that output if it keeps it (the
  *     engine keeps a segment's output for a layer that needs it).
  *   the loss peaks at P_n + loss_peak.
- * Cost = the replay cost of selective layers and segments.
+ * Cost = the replay cost of selective layers and segments: a segment a..b replays the
+ * forward of a..b-1 (their outputs lead to b) and, of b, what b's backward reads
+ * (last_cost: a layer's final ops, whose output only its gradient needs, are not
+ * replayed).
  *
  * As in the rotor DP (Beaumont et al. 2019) the optimum is found over (layer, memory):
  * the state after deciding layers 0..k-1 is (P, cost, whether they end in a segment),
@@ -47,6 +50,7 @@ void rm_chain_from_sims(const rm_sim *keep, const rm_sim *sel, rm_chain_layer *o
     c->in_kept = k == 0 ? 0 : (double)keep->layers[k - 1].out_live;
     c->out_bytes = (double)K->out_bytes;
     c->cost = K->cost;
+    c->last_cost = -1;
     c->sel_saved = c->keep_saved;
     c->sel_bwd = c->keep_bwd;
     c->sel_cost = -1;
@@ -86,7 +90,8 @@ typedef struct seg_walk {
   double first;   /* max over j of the first forward and the backward terms */
   double replay;  /* max over j of the replay terms without the output gradient */
   double S;       /* saved sets of a..b */
-  double cost;
+  double full;    /* forward cost of a..b */
+  double cost;    /* replay cost of the segment a..b */
 } seg_walk;
 
 static void seg_begin(const rm_chain *c, int a, double P, bool seg, seg_walk *w) {
@@ -94,7 +99,7 @@ static void seg_begin(const rm_chain *c, int a, double P, bool seg, seg_walk *w)
   double counted = a == 0 || seg ? 0 : l->in_kept;
   w->P0 = a == 0 ? P : P - counted + l->in_bytes;
   w->first = w->replay = -1;
-  w->S = w->cost = 0;
+  w->S = w->full = w->cost = 0;
 }
 
 /* Adds layer b; returns the segment's peak and P after it. */
@@ -106,7 +111,8 @@ static double seg_extend(const rm_chain *c, int a, int b, seg_walk *w, double *P
   w->replay = dmax(w->replay, w->P0 + c->held + w->S + x_replay + l->fwd);
   w->S += l->keep_saved;
   w->first = dmax(w->first, w->P0 + c->held + w->S + l->keep_bwd);
-  w->cost += l->cost;
+  w->cost = w->full + (l->last_cost >= 0 ? l->last_cost : l->cost);
+  w->full += l->cost;
   *P_after = w->P0 + (b == c->n - 1 ? l->out_bytes : 0);
   return dmax(w->first, w->replay + l->out_bytes);
 }

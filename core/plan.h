@@ -90,6 +90,8 @@ typedef struct rm_chain_layer {
   double in_kept;               /* bytes of its input that it keeps for its backward */
   double out_bytes;             /* its output (and the output's gradient) */
   double cost;                  /* forward replay cost (under boundary / recompute) */
+  double last_cost;             /* replay cost when it ends a segment: only what its own
+                                 * backward reads (every(1)'s; < 0: cost) */
   double sel_cost;              /* replay cost under selective (< 0: not available) */
 } rm_chain_layer;
 

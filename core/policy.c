@@ -278,8 +278,15 @@ static int budget_plan(search *s, rm_plan **out) {
     rm_chain chain;
     if (!rc) {
       rm_chain_from_sims(&keep, &sel, layers, &chain);
-      rc = search_plans(s, &keep, &chain, &ops, act, out);
+      /* what a segment's last layer replays: only what its own backward reads (every(1)) */
+      rm_plan *e1 = uniform(ctx, n, RM_BOUNDARY, NULL);
+      rm_sim last = { 0 };
+      rc = e1 ? simulate(s, e1, true, &last) : rm_fail(ctx, RM_ERR_OOM, "policy.budget: out of host memory");
+      for (int i = 0; !rc && i < n; i++) layers[i].last_cost = last.layers[i].recompute_cost;
+      rm_sim_free(ctx, &last);
+      rm_plan_free(ctx, e1);
     }
+    if (!rc) rc = search_plans(s, &keep, &chain, &ops, act, out);
   }
   rm_plan_free(ctx, s->best);
   s->best = NULL;

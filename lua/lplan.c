@@ -230,6 +230,7 @@ static void read_chain(lua_State *L, int idx, rm_chain *chain) {
     int t = lua_gettop(L);
     luaL_checktype(L, t, LUA_TTABLE);
     for (int f = 0; f < NFIELDS; f++) *chain_slot(&c[i], f) = field(L, t, chain_fields[f], f == NFIELDS - 1 ? -1 : 0);
+    c[i].last_cost = field(L, t, "last_cost", -1);
     lua_pop(L, 1);
   }
   chain->layer = c;
@@ -282,6 +283,7 @@ static int l_chain_from_sims(lua_State *L) {
   for (int i = 0; i < chain.n; i++) {
     lua_createtable(L, 0, NFIELDS);
     for (int f = 0; f < NFIELDS; f++) set_num(L, chain_fields[f], *chain_slot(&c[i], f));
+    set_num(L, "last_cost", c[i].last_cost);
     lua_rawseti(L, -2, i + 1);
   }
   return 1;

@@ -361,6 +361,25 @@ describe("the budget DP", function()
   end
 end)
 
+describe("budget() against every(k) at their memory", function()
+  it("costs no more replay than every(1) or every(sqrt N) at their peaks (a segment's last layer replays only what its backward reads)", function()
+    -- priced by the roofline (deterministic: measured times vary from run to run)
+    C.opcost_reset()
+    C.opcost_calibrate(false)
+    finally(function() C.opcost_calibrate(true) end)
+    remat.manual_seed(3)
+    local m = residual_mlp(16, 32, 0.1)
+    local x = remat.randn(32, 32)
+    for _, ref in ipairs { policy.every(1), policy.sqrt() } do
+      local r = m:plan(x, { policy = ref })
+      local b = m:plan(x, { policy = policy.budget(r.predicted_peak) })
+      assert(b.predicted_peak <= r.predicted_peak)
+      assert(b.recompute_cost <= r.recompute_cost, ("%s: budget %.6f s, %s %.6f s"):format(tostring(ref), b.recompute_cost,
+        tostring(ref), r.recompute_cost))
+    end
+  end)
+end)
+
 describe("a plan report", function()
   it("states its predicted replay time and the cost model it was priced with", function()
     remat.manual_seed(1)
