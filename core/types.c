@@ -12,6 +12,24 @@ static const char *const category_names[RM_CAT_COUNT] = {
 };
 
 const char *rm_dtype_name(rm_dtype d) { return (unsigned)d < RM_DTYPE_COUNT ? dtype_names[d] : "?"; }
+
+static const struct { const char *name; rm_dtype dtype; } dtype_aliases[] = {
+  { "float", RM_F32 }, { "double", RM_F64 }, { "half", RM_F16 }, { "bf16", RM_BF16 },
+};
+
+bool rm_dtype_parse(const char *s, rm_dtype *out) {
+  for (int d = 0; d < RM_DTYPE_COUNT; d++)
+    if (!strcmp(s, dtype_names[d])) return *out = (rm_dtype)d, true;
+  for (size_t i = 0; i < sizeof dtype_aliases / sizeof dtype_aliases[0]; i++)
+    if (!strcmp(s, dtype_aliases[i].name)) return *out = dtype_aliases[i].dtype, true;
+  return false;
+}
+
+const char *rm_dtype_alias(int i, rm_dtype *d) {
+  if (i < 0 || (size_t)i >= sizeof dtype_aliases / sizeof dtype_aliases[0]) return NULL;
+  *d = dtype_aliases[i].dtype;
+  return dtype_aliases[i].name;
+}
 size_t rm_dtype_size(rm_dtype d) { return (unsigned)d < RM_DTYPE_COUNT ? dtype_sizes[d] : 0; }
 const char *rm_device_name(rm_device d) { return (unsigned)d < RM_DEVICE_COUNT ? device_names[d] : "?"; }
 const char *rm_category_name(rm_category c) { return (unsigned)c < RM_CAT_COUNT ? category_names[c] : "?"; }

@@ -37,6 +37,11 @@ typedef struct rm_meta {
 } rm_meta;
 
 const char *rm_dtype_name(rm_dtype d);
+/* The dtype a name means: its own name ("float32") or an alias ("float", "double",
+ * "half", "bf16"); false for anything else. The one table of spellings. */
+bool rm_dtype_parse(const char *s, rm_dtype *out);
+/* The i-th alias (0-based) and its dtype; NULL past the last (for bindings' tables). */
+const char *rm_dtype_alias(int i, rm_dtype *d);
 size_t rm_dtype_size(rm_dtype d);
 const char *rm_device_name(rm_device d);
 const char *rm_category_name(rm_category c);

@@ -481,13 +481,9 @@ static int l_to(lua_State *L) {
     lua_pop(L, 1);
   }
   lua_pop(L, 2);
-  bool found = false;
-  for (int d = 0; d < RM_DTYPE_COUNT && !found; d++)
-    if (!strcmp(s, rm_dtype_name((rm_dtype)d))) dt = (rm_dtype)d, found = true;
+  bool found = rm_dtype_parse(s, &dt);
   for (int d = 0; d < RM_DEVICE_COUNT && !found; d++)
     if (!strcmp(s, rm_device_name((rm_device)d))) dev = (rm_device)d, found = true;
-  if (!found && (!strcmp(s, "float") || !strcmp(s, "double")))
-    dt = s[0] == 'f' ? RM_F32 : RM_F64, found = true;
   if (!found)
     return rm_lua_errorf(L, "to: unknown device or dtype '%s' (cpu, cuda, float32, float64, bfloat16, float16)", s);
   if (rm_module_to(ctx, m, dev, dt)) return rm_lua_fail(L, "to");

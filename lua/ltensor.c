@@ -247,10 +247,8 @@ static int l_op(lua_State *L) {
 static rm_dtype check_dtype(lua_State *L, int idx, rm_dtype def, const char *fn) {
   if (lua_isnoneornil(L, idx)) return def;
   const char *s = luaL_checkstring(L, idx);
-  for (int d = 0; d < RM_DTYPE_COUNT; d++)
-    if (!strcmp(s, rm_dtype_name((rm_dtype)d))) return (rm_dtype)d;
-  if (!strcmp(s, "float")) return RM_F32;
-  if (!strcmp(s, "double")) return RM_F64;
+  rm_dtype d;
+  if (rm_dtype_parse(s, &d)) return d;
   rm_lua_errorf(L, "%s: unknown dtype '%s' (float32, float64, bfloat16, float16)", fn, s);
   return RM_F32;
 }
@@ -537,6 +535,17 @@ void rm_lua_open_tensor(lua_State *L) {
   luaL_setfuncs(L, tensor_c, 0);
   push_names(L, RM_DTYPE_COUNT, dtype_name_i);
   lua_setfield(L, -2, "dtypes");
+  lua_createtable(L, 0, RM_DTYPE_COUNT + 4); /* C.dtype_of: every spelling -> its dtype's name */
+  for (int d = 0; d < RM_DTYPE_COUNT; d++) {
+    lua_pushstring(L, rm_dtype_name((rm_dtype)d));
+    lua_setfield(L, -2, rm_dtype_name((rm_dtype)d));
+  }
+  rm_dtype ad;
+  for (int i = 0; rm_dtype_alias(i, &ad); i++) {
+    lua_pushstring(L, rm_dtype_name(ad));
+    lua_setfield(L, -2, rm_dtype_alias(i, &ad));
+  }
+  lua_setfield(L, -2, "dtype_of");
   push_names(L, RM_DEVICE_COUNT, device_name_i);
   lua_setfield(L, -2, "devices");
   lua_pushinteger(L, RM_MAX_DIM);

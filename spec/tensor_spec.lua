@@ -555,3 +555,22 @@ describe("lifetime", function()
     assert.error_matches(function() remat.cat({ x }) end, "the tensor was freed")
   end)
 end)
+
+describe("dtype names", function()
+  it("mean the same dtype everywhere: factories, x:to, model:to (one table of spellings)", function()
+    local remat = require "remat"
+    for spelling, want in pairs { float = "float32", double = "float64", half = "float16", bf16 = "bfloat16",
+                                  float32 = "float32", float64 = "float64" } do
+      assert.are.equal(want, remat._C.dtype_of[spelling], spelling)
+      local ok, err = pcall(remat.zeros, 2, spelling)
+      -- where the cpu lacks the dtype, the error names it (not "unknown dtype")
+      assert(ok and remat.zeros(2, spelling):dtype() == want or tostring(err):find("support " .. want, 1, true),
+        spelling .. ": " .. tostring(err))
+      local m = remat.nn.Linear(2, 2)
+      ok, err = pcall(m.to, m, spelling)
+      assert(ok and m.weight:dtype() == want or tostring(err):find("support " .. want, 1, true),
+        spelling .. ": " .. tostring(err))
+    end
+    assert.has_error(function() remat.nn.Linear(2, 2):to("quad") end)
+  end)
+end)

@@ -1,5 +1,6 @@
 -- Checkpoint policies: Lua values that become a plan (one action per layer of a
--- Sequential) which the C engine executes. See DESIGN.md, "The checkpoint engine".
+-- Sequential) which the C engine executes (core/policy.c; docs/ARCHITECTURE.md, "From
+-- policy to plan").
 local remat = package.loaded.remat
 local C = remat._C
 local policy = {}

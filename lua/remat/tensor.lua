@@ -25,7 +25,7 @@ local op, O = C.op, C.ops
 local DIM_ALL = math.mininteger
 local MAX_DIM = C.MAX_DIM   -- RM_MAX_DIM
 local DTYPE_ID, DEVICE_ID = C.dtypes, C.devices
-local DTYPE_ALIAS = { float = "float32", double = "float64", half = "float16", bf16 = "bfloat16" }
+local DTYPE_OF = C.dtype_of -- every accepted spelling ("float", "bf16", ...) -> the dtype's name
 
 local function is_tensor(x) return getmetatable(x) == mt end
 remat.is_tensor = is_tensor
@@ -82,7 +82,7 @@ end
 -- ---- dtype / device / sizes ----
 
 local function check_dtype(fn, s)
-  s = DTYPE_ALIAS[s] or s
+  s = DTYPE_OF[s] or s
   if DTYPE_ID[s] == nil then
     fail(("%s: unknown dtype '%s' (float32, float64, bfloat16, float16)"):format(fn, tostring(s)))
   end
@@ -99,7 +99,7 @@ local function read_opts(fn, args, first, n, o)
   for k = first, n do
     local a = args[k]
     if type(a) == "string" then
-      local s = DTYPE_ALIAS[a] or a
+      local s = DTYPE_OF[a] or a
       if DTYPE_ID[s] then o.dtype = s
       elseif DEVICE_ID[s] then o.device = s
       else fail(("%s: '%s' is neither a dtype (float32, float64, bfloat16, float16) nor a device (cpu, cuda)"):format(fn, a)) end
@@ -723,7 +723,7 @@ function Tensor:copy_(src) return C.copy_into(self, src) end
 function Tensor:to(what)
   local o = {}
   if type(what) == "string" then
-    local s = DTYPE_ALIAS[what] or what
+    local s = DTYPE_OF[what] or what
     if DTYPE_ID[s] then o.dtype = s
     elseif DEVICE_ID[s] then o.device = s
     else fail(("to: '%s' is neither a dtype (float32, float64, bfloat16, float16) nor a device (cpu, cuda)"):format(what)) end
