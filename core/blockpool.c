@@ -177,6 +177,7 @@ size_t rm_pool_trim(rm_pool *p, size_t want) {
 static rm_pool_block *segment_new(rm_pool *p, size_t bytes, bool large) {
   size_t seg = !large ? RM_POOL_SMALL_SEG
              : bytes <= RM_POOL_MID ? RM_POOL_MID_SEG : round_up(bytes, RM_POOL_SMALL_SEG);
+  if (seg < bytes) return NULL; /* rounding to whole segments overflowed */
   rm_pool_block *head = record_new(p);
   if (!head) return NULL;
   void *mem = p->cfg.seg_alloc(p->cfg.ud, seg);
