@@ -265,29 +265,18 @@ int rm_lua_set_grad(lua_State *L, rm_tensor *t, rm_tensor *g) {
 static int t_newindex(lua_State *L) {
   rm_ltensor *b = luaL_checkudata(L, 1, RM_TENSOR_MT);
   rm_ctx *ctx = rm_lua_ctx(L);
-  if (lua_type(L, 2) == LUA_TNUMBER) {
+  int kt = lua_type(L, 2);
+  if (kt == LUA_TNUMBER || kt == LUA_TTABLE) {
     if (!b->t) return rm_lua_errorf(L, "index assignment: the tensor was freed");
     if (b->t->requires_grad && ctx->grad_enabled)
       return rm_lua_errorf(L, "index assignment: cannot write into a tensor that requires grad (use remat.no_grad or detach)");
-    int64_t j = check_index(L, b->t, 2, "index assignment");
-    rm_tensor *v = rm_select(ctx, b->t, 0, j);
-    if (!v) return rm_lua_fail(L, "index assignment");
-    rm_lua_push_tensor(L, v, "index assignment"); /* owned by Lua: freed even if assign raises */
-    int vi = lua_gettop(L);
-    assign(L, v, 3, "index assignment");
-    rm_ltensor *vb = lua_touserdata(L, vi);
-    vb->t = NULL;
-    rm_tensor_drop(ctx, v);
-    return 0;
-  }
-  if (lua_type(L, 2) == LUA_TTABLE) {
-    if (!b->t) return rm_lua_errorf(L, "index assignment: the tensor was freed");
-    if (b->t->requires_grad && ctx->grad_enabled)
-      return rm_lua_errorf(L, "index assignment: cannot write into a tensor that requires grad (use remat.no_grad or detach)");
+    /* x[i] selects along dim 1; x[{i, j, ...}] selects its first dimensions */
     int64_t idx[RM_MAX_DIM];
-    int n = table_index(L, b->t, 2, idx, "index assignment");
+    int n = 1;
+    if (kt == LUA_TNUMBER) idx[0] = check_index(L, b->t, 2, "index assignment");
+    else n = table_index(L, b->t, 2, idx, "index assignment");
     rm_tensor *v = select_prefix(L, b->t, n, idx, "index assignment");
-    rm_lua_push_tensor(L, v, "index assignment");
+    rm_lua_push_tensor(L, v, "index assignment"); /* owned by Lua: freed even if assign raises */
     int vi = lua_gettop(L);
     assign(L, v, 3, "index assignment");
     rm_ltensor *vb = lua_touserdata(L, vi);
