@@ -4,6 +4,9 @@
 #ifndef REMAT_CTX_H
 #define REMAT_CTX_H
 
+/* replayed inputs that may wait for the end of the outermost replay (op.c) */
+#define RM_REPLAY_DEFER 32
+
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -46,12 +49,13 @@ struct rm_ctx {
   size_t dry_live[RM_DEVICE_COUNT][RM_CAT_COUNT]; /* live bytes made by this dry run */
   uint64_t node_seq;
   int64_t live_nodes, live_tensors;
+  uint64_t plan_sims;             /* dry runs of rm_plan_simulate (a budget search counts them) */
 
   double recompute_flops;         /* FLOPs replayed to rematerialise evicted tensors */
   int replay_depth;               /* nesting of rm_node_recompute */
   int forward_depth;              /* nesting of rm_module_forward (0: a top-level call) */
   int replay_n;                   /* replayed inputs whose eviction waits for the outermost replay */
-  rm_tensor *replay_defer[32];
+  rm_tensor *replay_defer[RM_REPLAY_DEFER];
   struct rm_opcost *opcost;       /* measured per-op costs and timers (opcost.c) */
   bool opcost_off;                /* calibration off: costs are the fitted roofline */
   bool op_timing;                 /* timers on: op.c times every op it runs */

@@ -291,6 +291,7 @@ static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   ctx->live_nodes++;
   for (int i = 0; i < nin; i++) {
     rm_tensor_retain(in[i]);
+    in[i]->readers++;
     n->in[i] = in[i];
     n->ver[i] = in[i]->storage ? in[i]->storage->version : 0;
     if (in[i]->requires_grad) n->in_flags[i] |= RM_IN_GRAD;
@@ -503,7 +504,10 @@ void rm_node_release(rm_ctx *ctx, rm_node *n) {
       rm_tensor_release(ctx, t);
     }
   }
-  for (int i = 0; i < n->nin; i++) rm_tensor_release(ctx, n->in[i]);
+  for (int i = 0; i < n->nin; i++) {
+    n->in[i]->readers--;
+    rm_tensor_release(ctx, n->in[i]);
+  }
   rm_host_free(ctx, n->in, node_block_bytes(n->nin, n->nout));
   rm_host_free(ctx, n, sizeof *n);
   ctx->live_nodes--;
@@ -549,12 +553,19 @@ rm_tensor *rm_node_output(rm_ctx *ctx, rm_node *n, int j) {
   return t;
 }
 
-/* A replayed input nothing needs is evicted once used. One whose storage is shared
- * (views of it) frees nothing yet, and evicting it would replay its producer again for
- * the next view (q, k and v of one qkv projection): it waits for the outermost replay. */
-static void replay_evict(rm_ctx *ctx, rm_tensor *t) {
-  if (t->users != 0 || t->pins != 0) return;
-  if (ctx->replay_depth > 1 && t->storage && t->storage->refcount > 1 && ctx->replay_n < 32) {
+/* A replayed input nothing needs is evicted once every node that reads it has been
+ * replayed (it is not read again in this replay). Until then, one whose storage is
+ * shared (views of it) would free nothing, and evicting it would replay its producer
+ * again for the next view (q, k and v of one qkv projection): it waits, at the latest
+ * until the outermost replay ends (a reader that is not replayed never reads it). */
+static void replay_evict(rm_ctx *ctx, rm_tensor *t, bool fresh) {
+  if (t->users != 0 || t->pins != 0 || t->replay_reads < 0) return;
+  if (t->replay_reads >= t->readers) {
+    rm_tensor_evict(ctx, t);
+    return;
+  }
+  if (!fresh) return;
+  if (ctx->replay_depth > 1 && t->storage && t->storage->refcount > 1 && ctx->replay_n < RM_REPLAY_DEFER) {
     rm_tensor_retain(t);
     ctx->replay_defer[ctx->replay_n++] = t;
     return;
@@ -622,12 +633,14 @@ static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
       } else {
         t->storage = outs[j]->storage;
         rm_storage_retain(t->storage);
+        t->replay_reads = 0;
         if (!(def->flags & RM_OPF_VIEW)) t->offset = 0;
       }
     }
     rm_tensor_drop(ctx, outs[j]);
   }
   for (int i = 0; i < n->nin; i++)
-    if (fresh[i]) replay_evict(ctx, n->in[i]);
+    if (n->in[i]->replay_reads >= 0) n->in[i]->replay_reads++;
+  for (int i = 0; i < n->nin; i++) replay_evict(ctx, n->in[i], fresh[i]);
   return rc;
 }

@@ -168,6 +168,7 @@ static int simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p,
  * measured yet measures them and runs again, priced. */
 int rm_plan_simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p,
                      rm_loss_fn loss, void *loss_ud, bool want_layers, rm_sim *sim) {
+  ctx->plan_sims++;
   int rc = simulate(ctx, seq, x, p, loss, loss_ud, want_layers, sim);
   if (rc || !rm_opcost_pending(ctx) || ctx->dry) return rc;
   rm_sim_free(ctx, sim);

@@ -21,6 +21,7 @@ static rm_tensor *tensor_alloc(rm_ctx *ctx) {
   }
   t->refcount = 1;
   t->users = 1;
+  t->replay_reads = -1;
   ctx->live_tensors++;
   return t;
 }
@@ -96,6 +97,7 @@ static void drop_storage(rm_ctx *ctx, rm_tensor *t) {
     rm_storage_release(ctx, t->storage);
     t->storage = NULL;
   }
+  t->replay_reads = -1;
 }
 
 void rm_tensor_release(rm_ctx *ctx, rm_tensor *t) {

@@ -15,6 +15,8 @@ struct rm_tensor {
   int refcount;
   int users;              /* data users; see above */
   int pins;               /* engine holds: a pinned tensor is never evicted */
+  int readers;            /* recorded nodes that read it (replays may read it again) */
+  int replay_reads;       /* restored by a replay: readers replayed since (else -1) */
   rm_storage *storage;    /* NULL: released or evicted (recomputable) */
   rm_dtype dtype;
   rm_device device;

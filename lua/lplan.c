@@ -408,6 +408,12 @@ static void push_cost(rm_op_id op, double seconds, double units, void *ud) {
   lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
 }
 
+/* C.plan_simulations() -> how many plans rm_plan_simulate has dry-run on this context */
+static int l_plan_simulations(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)rm_lua_ctx(L)->plan_sims);
+  return 1;
+}
+
 /* C.opcost_entries() -> { {op =, seconds =, units =}, ... }: every measured call */
 static int l_opcost_entries(lua_State *L) {
   lua_newtable(L);
@@ -669,6 +675,7 @@ static const luaL_Reg fns[] = {
   { "opcost_calibrate", l_opcost_calibrate },
   { "opcost_reset", l_opcost_reset },
   { "opcost_entries", l_opcost_entries },
+  { "plan_simulations", l_plan_simulations },
   { "opcost_learn", l_opcost_learn },
   { "checkpoint_set", l_checkpoint_set },
   { "checkpoint_name", l_checkpoint_name },
