@@ -5,14 +5,17 @@
  * - composed: registry ops, so that selective checkpoint policies can name each step
  *   ("matmul", "mul_scalar", "causal_mask", "softmax", "dropout"); it stores the
  *   (B, heads, T, T) probabilities for backward.
- * - fused: the "attention" op, which never stores the T x T matrix (it keeps its
- *   output and a per-row log-sum-exp, and recomputes the probabilities in backward).
+ * - fused: the "attention" op in its packed form, on the qkv projection's (B, T, 3d)
+ *   output itself: it never stores the T x T matrix (it keeps its output and a per-row
+ *   log-sum-exp, and recomputes the probabilities in backward), reads q, k and v in
+ *   place, writes y as (B, T, d) for the output projection, and its backward writes
+ *   one (B, T, 3d) gradient (no per-head copies, no select backwards).
  *   It cannot drop attention probabilities, so it requires dropout 0: asking for it
  *   with dropout > 0 is an error, and the automatic choice falls back to the composed
  *   path while training with dropout.
  * The default (RM_ATT_AUTO) is the fused path on every device, except while training
  * with dropout (composed then): it keeps less memory and, on the CPU too, runs faster
- * (its kernels read q, k, v in place and use the BLAS per block of query rows). */
+ * (its kernels use the BLAS per block of query rows). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -49,6 +52,16 @@ static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor 
   rm_tensor *qkv = NULL, *q = NULL, *k = NULL, *v = NULL, *att = NULL;
   int rc = rm_module_forward(ctx, m->children[0], x, &qkv);      /* (B, T, 3C) */
   if (rc) return rc;
+  if (use_fused(m, x)) {
+    /* the packed form: reads q, k, v inside qkv, writes y as (B, T, C), and its
+     * backward writes one (B, T, 3C) gradient for the projection */
+    att = rm_attention_qkv(ctx, qkv, H, true, 1.0 / sqrt((double)D)); /* (B, T, C) */
+    rm_tensor_drop(ctx, qkv);
+    if (!att) return ctx->err_code;
+    rc = rm_module_forward(ctx, m->children[1], att, y);
+    rm_tensor_drop(ctx, att);
+    return rc;
+  }
   int64_t s5[5] = { B, T, 3, H, D };
   STEP(qkv, rm_view(ctx, qkv, 5, s5));                           /* (B, T, 3, H, D) */
   /* q, k, v: (B, T, H, D) views of qkv, then (B, H, T, D) */
@@ -60,25 +73,17 @@ static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor 
   STEP(q, rm_transpose(ctx, q, 1, 2));
   STEP(k, rm_transpose(ctx, k, 1, 2));
   STEP(v, rm_transpose(ctx, v, 1, 2));
-  if (use_fused(m, x)) {
-    att = rm_attention(ctx, q, k, v, true, 1.0 / sqrt((double)D)); /* (B, H, T, D) */
-    rm_tensor_drop(ctx, q);
-    rm_tensor_drop(ctx, k);
-    q = k = NULL;
-    if (!att) goto fail;
-  } else {
-    STEP(k, rm_transpose(ctx, k, 2, 3));                         /* (B, H, D, T) */
-    att = rm_matmul(ctx, q, k);                                  /* (B, H, T, T) */
-    rm_tensor_drop(ctx, q);
-    rm_tensor_drop(ctx, k);
-    q = k = NULL;
-    if (!att) goto fail;
-    STEP(att, rm_scalar_op(ctx, RM_OP_MUL_SCALAR, att, 1.0 / sqrt((double)D)));
-    STEP(att, rm_causal_mask(ctx, att));
-    STEP(att, rm_softmax(ctx, att, -1));
-    if (m->training && m->cfg_f[0] > 0) STEP(att, rm_dropout(ctx, att, m->cfg_f[0]));
-    STEP(att, rm_matmul(ctx, att, v));                           /* (B, H, T, D) */
-  }
+  STEP(k, rm_transpose(ctx, k, 2, 3));                           /* (B, H, D, T) */
+  att = rm_matmul(ctx, q, k);                                    /* (B, H, T, T) */
+  rm_tensor_drop(ctx, q);
+  rm_tensor_drop(ctx, k);
+  q = k = NULL;
+  if (!att) goto fail;
+  STEP(att, rm_scalar_op(ctx, RM_OP_MUL_SCALAR, att, 1.0 / sqrt((double)D)));
+  STEP(att, rm_causal_mask(ctx, att));
+  STEP(att, rm_softmax(ctx, att, -1));
+  if (m->training && m->cfg_f[0] > 0) STEP(att, rm_dropout(ctx, att, m->cfg_f[0]));
+  STEP(att, rm_matmul(ctx, att, v));                             /* (B, H, T, D) */
   rm_tensor_drop(ctx, v);
   v = NULL;
   STEP(att, rm_transpose(ctx, att, 1, 2));                       /* (B, T, H, D) */

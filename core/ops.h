@@ -78,6 +78,9 @@ rm_tensor *rm_causal_mask(rm_ctx *ctx, rm_tensor *scores); /* -inf above the dia
  * Tq x Tk matrix; q (..., Tq, hd), k and v (..., Tk, hd); scale 0 means 1/sqrt(hd);
  * causal: query i sees keys j <= i + Tk - Tq. */
 rm_tensor *rm_attention(rm_ctx *ctx, rm_tensor *q, rm_tensor *k, rm_tensor *v, bool causal, double scale);
+/* The packed form: self-attention on qkv (..., T, 3·heads·D), the output of one
+ * projection; returns y (..., T, heads·D). Its backward writes one dqkv. */
+rm_tensor *rm_attention_qkv(rm_ctx *ctx, rm_tensor *qkv, int64_t heads, bool causal, double scale);
 
 /* losses (op_loss.c): mean over the batch */
 rm_tensor *rm_cross_entropy(rm_ctx *ctx, rm_tensor *logits, rm_tensor *labels);

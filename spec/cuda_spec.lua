@@ -246,6 +246,10 @@ case("causal, Tq 70 < Tk 100, hd 16", "attention", { causal = true, scale = 0 },
   { { shape = { 2, 3, 70, 16 } }, { shape = { 2, 3, 100, 16 } }, { shape = { 2, 3, 100, 16 } } }, { grad = true })
 case("not causal, Tq 90 > Tk 65, hd 7, scale 0.3", "attention", { causal = false, scale = 0.3 },
   { { shape = { 3, 90, 7 } }, { shape = { 3, 65, 7 } }, { shape = { 3, 65, 7 } } }, { grad = true })
+case("packed qkv 2x70x(3x3x16), causal (attention_qkv_backward)", "attention", { causal = true, scale = 0, heads = 3 },
+  { { shape = { 2, 70, 144 } } }, { grad = true })
+case("packed qkv 3x33x(3x2x7), not causal, transposed", "attention", { causal = false, scale = 0.4, heads = 2 },
+  { { shape = { 3, 33, 42 }, t = true } }, { grad = true })
 case("causal 129 x 129, transposed k", "attention", { causal = true, scale = 0 },
   { { shape = { 2, 129, 8 } }, { shape = { 2, 129, 8 }, t = true }, { shape = { 2, 129, 8 } } }, { grad = true })
 
@@ -334,6 +338,11 @@ describe("cuda vs cpu: every op #gpu", function()
         close(C.grad(g), C.grad(c), TOL[dt] * 5, "packed attention grad (" .. dt .. ")")
       end
     end
+  end)
+
+  it("packed attention with T 6000: row blocks accumulate into the three parts of one dqkv", function()
+    kit.seed(14)
+    compare("attention", { causal = true, scale = 0, heads = 1 }, { { shape = { 1, 6000, 6 } } }, { grad = true, tol = 1e-4 })
   end)
 
   it("accounts kernel workspace (attention scores) as workspace, under the memory limit", function()

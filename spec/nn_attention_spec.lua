@@ -114,6 +114,68 @@ describe("CausalSelfAttention fused vs composed", function()
   end)
 end)
 
+describe("CausalSelfAttention's fused path: attention on the packed qkv", function()
+  local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
+
+  -- What the fused path computed before the packed form: the three-input op on
+  -- (B, H, T, D) views of the projection (selects and transposes), y transposed back
+  -- and reshaped; its gradient reaches qkv through three select backwards and two adds.
+  local function three_input(lq, lp, x, H)
+    local B, T, C3 = table.unpack(x:shape())
+    local D = C3 // H
+    local t5 = op("view", { shape = { B, T, 3, H, D } }, lq(x))
+    local qkv = {}
+    for i = 0, 2 do qkv[i + 1] = op("transpose", { dim0 = 1, dim1 = 2 }, op("select", { dim = 2, index = i }, t5)) end
+    local y = op("attention", { causal = true, scale = 1 / math.sqrt(D) }, qkv[1], qkv[2], qkv[3])
+    y = op("transpose", { dim0 = 1, dim1 = 2 }, y):reshape(B, T, H * D)
+    return lp(y)
+  end
+
+  it("gradients equal the three-input form's bit for bit (float32, odd sizes, several heads)", function()
+    for _, c in ipairs({ { 12, 3, 3, 7 }, { 10, 2, 2, 1 }, { 6, 1, 1, 33 } }) do
+      local d, H, B, T = table.unpack(c)
+      remat.manual_seed(11)
+      local m = nn.CausalSelfAttention(d, H, 0, { fused = true })
+      local sd = m:state_dict()
+      local lq, lp = nn.Linear(d, 3 * d), nn.Linear(d, d)
+      lq:load_state_dict({ weight = sd["qkv.weight"], bias = sd["qkv.bias"] })
+      lp:load_state_dict({ weight = sd["proj.weight"], bias = sd["proj.bias"] })
+      local x0, w = remat.randn(B, T, d), remat.randn(B, T, d)
+      local x1, x2 = x0:detach():requires_grad(true), x0:detach():requires_grad(true)
+      local y1, y2 = m(x1), three_input(lq, lp, x2, H)
+      assert.equal(0, max_diff(y1, y2))
+      ;(y1 * w):sum():backward()
+      ;(y2 * w):sum():backward()
+      assert.equal(0, max_diff(x1.grad, x2.grad))
+      local og = { ["qkv.weight"] = lq.weight.grad, ["qkv.bias"] = lq.bias.grad, ["proj.weight"] = lp.weight.grad,
+                   ["proj.bias"] = lp.bias.grad }
+      local n = 0
+      for _, np in ipairs(m:named_parameters()) do
+        local name, t = np[1], np[2]
+        assert.equal(0, max_diff(t.grad, og[name]), name)
+        n = n + 1
+      end
+      assert.equal(4, n)
+    end
+  end)
+
+  it("its backward writes one dqkv: no select backwards, no per-head copies", function()
+    remat.manual_seed(12)
+    local m = nn.CausalSelfAttention(12, 3, 0, { fused = true })
+    local x = remat.randn(2, 9, 12):requires_grad(true)
+    C.op_timers(true)
+    local ok, err = pcall(function() m(x):sum():backward() end)
+    local t = C.op_timing()
+    C.op_timers(false)
+    assert(ok, err)
+    assert.equal(1, t.attention.calls)
+    assert.equal(1, t.attention_qkv_backward.calls)
+    assert.is_nil(t.narrow_backward)
+    assert.is_nil(t.attention_backward)
+    assert.is_nil(t.select)
+  end)
+end)
+
 describe("CausalSelfAttention options", function()
   it("fused with attention dropout is a clear error; fused = false with dropout is fine", function()
     local ok, err = pcall(nn.CausalSelfAttention, 8, 2, 0.1, { fused = true })

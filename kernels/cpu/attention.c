@@ -11,9 +11,12 @@
  * with one task per leading index walking its query blocks in order: gk and gv are
  * accumulated by one thread in a fixed order, so there are no atomics and the results
  * do not depend on the number of threads.
- * q, k, v and gy are read in place when their rows are contiguous (the module passes
- * (B, H, T, D) views of one packed projection, rows 3C apart); anything else is first
- * copied. When there are fewer tasks than threads, the loop runs on one thread and the
+ * q, k, v, y and gy are read in place when their rows are contiguous; anything else is
+ * first copied. y, gq, gk and gv are written as rows ld apart. The packed form
+ * (attention(qkv), attention_qkv_backward) runs the same code on (B, H, T, D) views
+ * (core/attention_views.h): q, k, v rows 3C apart inside the projection, y rows C apart
+ * in its (B, T, C) output, gq, gk, gv rows 3C apart in the three parts of one dqkv, so
+ * it computes the same numbers as the three-input form and moves no data. When there are fewer tasks than threads, the loop runs on one thread and the
  * BLAS calls use the threads instead.
  * float32 row passes use rm_expf (vectorised, per ISA); float64 stays on libm. Row
  * sums are accumulated in double. */
@@ -21,6 +24,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "../../core/attention_views.h"
 #include "cpu.h"
 #include "fastmath.h"
 
@@ -35,7 +39,7 @@ typedef struct {
   double scale;
 } att_geo;
 
-static void geometry(rm_tensor *const *in, const rm_attrs *a, att_geo *g) {
+static void geometry(const rm_tensor *const *in, const rm_attrs *a, att_geo *g) {
   const rm_tensor *q = in[0], *k = in[1];
   int n = q->ndim;
   g->hd = q->shape[n - 1];
@@ -153,11 +157,11 @@ DEFINE_ROWS(f64, exp, PLAIN)
 
 /* D[r] = gy_r . y_r over hd, in double. */
 #define DEFINE_ROWDOT(T)                                                                  \
-  static void rowdot_##T(const T *gy, int64_t ldg, const T *y, int64_t hd, int64_t nq,   \
-                         T *D) {                                                          \
+  static void rowdot_##T(const T *gy, int64_t ldg, const T *y, int64_t ldy, int64_t hd,  \
+                         int64_t nq, T *D) {                                              \
     for (int64_t r = 0; r < nq; r++) {                                                    \
       double acc = 0;                                                                     \
-      for (int64_t d = 0; d < hd; d++) acc += (double)gy[r * ldg + d] * y[r * hd + d];   \
+      for (int64_t d = 0; d < hd; d++) acc += (double)gy[r * ldg + d] * y[r * ldy + d];  \
       D[r] = (T)acc;                                                                      \
     }                                                                                     \
   }
@@ -165,6 +169,14 @@ DEFINE_ROWDOT(f32)
 DEFINE_ROWDOT(f64)
 
 /* ---- tasks ---- */
+
+/* Zeroes n rows of hd elements, ld apart (one memset when they are contiguous). */
+static void zero_rows(char *p, int64_t n, int64_t hd, int64_t ld, size_t es) {
+  if (n <= 0 || hd <= 0) return;
+  if (ld == hd) memset(p, 0, (size_t)(n * hd) * es);
+  else
+    for (int64_t r = 0; r < n; r++) memset(p + r * ld * (int64_t)es, 0, (size_t)hd * es);
+}
 
 /* C (m x n, ldc) = op(A) op(B) + beta C through the context's BLAS; an empty inner
  * dimension gives beta C (0 or C) without a call. */
@@ -186,8 +198,8 @@ typedef struct {
   att_geo g;
   rm_dtype dt;
   size_t es;
-  mat q, k, v, gy;
-  char *y, *lse, *gq, *gk, *gv, *work;
+  mat q, k, v, gy, y, gq, gk, gv; /* y, gq, gk, gv: rows ld apart, written by the BLAS */
+  char *lse, *work;
   int64_t per; /* work elements per thread */
 } att_job;
 
@@ -201,14 +213,14 @@ static void fwd_task(const att_job *J, int64_t t, char *s) {
   int64_t nb = (g->Tq + g->bq - 1) / g->bq, b = t / nb, i0 = t % nb * g->bq;
   int64_t nq = i0 + g->bq < g->Tq ? g->bq : g->Tq - i0, hd = g->hd;
   int64_t kmax = key_end(g, i0 + nq - 1);
-  char *y = EL(J->y, (b * g->Tq + i0) * hd), *lse = EL(J->lse, b * g->Tq + i0);
+  char *y = EL((char *)mat_at(&J->y, b, J->es), i0 * J->y.ld), *lse = EL(J->lse, b * g->Tq + i0);
   const char *qb = EL((char *)mat_at(&J->q, b, J->es), i0 * J->q.ld);
   /* s = q k^T (nq x kmax) */
   gemm(J->ctx, J->dt, N_, T_, nq, kmax, hd, qb, J->q.ld, mat_at(&J->k, b, J->es), J->k.ld, 0.0, s, kmax);
   if (J->dt == RM_F64) fwd_rows_f64(g, i0, nq, kmax, (f64 *)s, (f64 *)lse);
   else fwd_rows_f32(g, i0, nq, kmax, (f32 *)s, (f32 *)lse);
   /* y = p v (nq x hd) */
-  gemm(J->ctx, J->dt, N_, N_, nq, hd, kmax, s, kmax, mat_at(&J->v, b, J->es), J->v.ld, 0.0, y, hd);
+  gemm(J->ctx, J->dt, N_, N_, nq, hd, kmax, s, kmax, mat_at(&J->v, b, J->es), J->v.ld, 0.0, y, J->y.ld);
 }
 
 /* Backward of leading index b: its query blocks in order. */
@@ -218,32 +230,32 @@ static void bwd_task(const att_job *J, int64_t b, char *work) {
   char *s = work, *dp = EL(work, g->bq * Tk), *D = EL(dp, g->bq * Tk);
   const char *qb = mat_at(&J->q, b, J->es), *kb = mat_at(&J->k, b, J->es);
   const char *vb = mat_at(&J->v, b, J->es), *gyb = mat_at(&J->gy, b, J->es);
-  char *gk = EL(J->gk, b * Tk * hd), *gv = EL(J->gv, b * Tk * hd);
-  memset(gk, 0, (size_t)(Tk * hd) * J->es);
-  memset(gv, 0, (size_t)(Tk * hd) * J->es);
+  char *gk = mat_at(&J->gk, b, J->es), *gv = mat_at(&J->gv, b, J->es);
+  zero_rows(gk, Tk, hd, J->gk.ld, J->es);
+  zero_rows(gv, Tk, hd, J->gv.ld, J->es);
   for (int64_t i0 = 0; i0 < Tq; i0 += g->bq) {
     int64_t nq = i0 + g->bq < Tq ? g->bq : Tq - i0;
     int64_t kmax = key_end(g, i0 + nq - 1);
     const char *qi = EL(qb, i0 * J->q.ld), *gyi = EL(gyb, i0 * J->gy.ld);
-    const char *yi = EL(J->y, (b * Tq + i0) * hd), *lse = EL(J->lse, b * Tq + i0);
-    char *gq = EL(J->gq, (b * Tq + i0) * hd);
+    const char *yi = EL((char *)mat_at(&J->y, b, J->es), i0 * J->y.ld), *lse = EL(J->lse, b * Tq + i0);
+    char *gq = EL((char *)mat_at(&J->gq, b, J->es), i0 * J->gq.ld);
     if (kmax == 0) {
-      memset(gq, 0, (size_t)(nq * hd) * J->es);
+      zero_rows(gq, nq, hd, J->gq.ld, J->es);
       continue;
     }
     gemm(J->ctx, J->dt, N_, T_, nq, kmax, hd, qi, J->q.ld, kb, J->k.ld, 0.0, s, kmax);    /* q k^T */
     gemm(J->ctx, J->dt, N_, T_, nq, kmax, hd, gyi, J->gy.ld, vb, J->v.ld, 0.0, dp, kmax); /* gy v^T */
     if (J->dt == RM_F64) {
-      rowdot_f64((const f64 *)gyi, J->gy.ld, (const f64 *)yi, hd, nq, (f64 *)D);
+      rowdot_f64((const f64 *)gyi, J->gy.ld, (const f64 *)yi, J->y.ld, hd, nq, (f64 *)D);
       bwd_rows_f64(g, i0, nq, kmax, (f64 *)s, (f64 *)dp, (const f64 *)lse, (const f64 *)D);
     } else {
-      rowdot_f32((const f32 *)gyi, J->gy.ld, (const f32 *)yi, hd, nq, (f32 *)D);
+      rowdot_f32((const f32 *)gyi, J->gy.ld, (const f32 *)yi, J->y.ld, hd, nq, (f32 *)D);
       bwd_rows_f32(g, i0, nq, kmax, (f32 *)s, (f32 *)dp, (const f32 *)lse, (const f32 *)D);
     }
     /* dp now holds ds (scaled), s holds p */
-    gemm(J->ctx, J->dt, N_, N_, nq, hd, kmax, dp, kmax, kb, J->k.ld, 0.0, gq, hd);      /* gq = ds k */
-    gemm(J->ctx, J->dt, T_, N_, kmax, hd, nq, dp, kmax, qi, J->q.ld, 1.0, gk, hd);      /* gk += ds^T q */
-    gemm(J->ctx, J->dt, T_, N_, kmax, hd, nq, s, kmax, gyi, J->gy.ld, 1.0, gv, hd);     /* gv += p^T gy */
+    gemm(J->ctx, J->dt, N_, N_, nq, hd, kmax, dp, kmax, kb, J->k.ld, 0.0, gq, J->gq.ld);  /* gq = ds k */
+    gemm(J->ctx, J->dt, T_, N_, kmax, hd, nq, dp, kmax, qi, J->q.ld, 1.0, gk, J->gk.ld);  /* gk += ds^T q */
+    gemm(J->ctx, J->dt, T_, N_, kmax, hd, nq, s, kmax, gyi, J->gy.ld, 1.0, gv, J->gv.ld); /* gv += p^T gy */
   }
 }
 
@@ -276,35 +288,37 @@ static void run_tasks(const att_job *J, int64_t ntask, int nth, bool fwd) {
 
 RM_CPU_KERNEL(copy);
 
-/* c[i] = in[i] when the BLAS can read it in place (held), else a contiguous workspace
- * copy made by the copy kernel (nothing recorded). */
-static int readable_inputs(rm_ctx *ctx, int nin, rm_tensor *const *in, unsigned need_rows, rm_tensor **c) {
+/* Operands as the BLAS reads them: t[i] = in[i] when it can be read in place (borrowed),
+ * else a contiguous workspace copy made by the copy kernel (owned, nothing recorded). */
+typedef struct {
+  const rm_tensor *t[6];
+  rm_tensor *copy[6];
+} operands;
+
+static void operands_free(rm_ctx *ctx, operands *o) {
+  for (int i = 0; i < 6; i++) rm_tensor_drop(ctx, o->copy[i]), o->copy[i] = NULL;
+}
+
+/* need_rows bit i: in[i] is read row by row (blas_readable), else it must be contiguous. */
+static int operands_of(rm_ctx *ctx, int nin, const rm_tensor *const *in, unsigned need_rows, operands *o) {
   int rc = RM_OK;
   rm_attrs none;
   memset(&none, 0, sizeof none);
-  for (int i = 0; i < nin; i++) c[i] = NULL;
+  memset(o, 0, sizeof *o);
   for (int i = 0; i < nin && !rc; i++) {
-    rm_tensor *t = in[i];
-    bool ok = (need_rows >> i & 1) ? blas_readable(t) : rm_tensor_is_contiguous(t);
-    if (ok) {
-      rm_tensor_hold(t);
-      c[i] = t;
-      continue;
-    }
-    c[i] = rm_tensor_new(ctx, t->dtype, RM_CPU, t->ndim, t->shape, RM_CAT_WORKSPACE);
-    rc = c[i] ? rm_cpu_copy(ctx, 1, &t, 1, &c[i], &none) : (ctx->err_code ? ctx->err_code : RM_ERR_OOM);
+    rm_tensor *t = (rm_tensor *)in[i];
+    o->t[i] = t;
+    if ((need_rows >> i & 1) ? blas_readable(t) : rm_tensor_is_contiguous(t)) continue;
+    o->copy[i] = rm_tensor_new(ctx, t->dtype, RM_CPU, t->ndim, t->shape, RM_CAT_WORKSPACE);
+    rc = o->copy[i] ? rm_cpu_copy(ctx, 1, &t, 1, &o->copy[i], &none) : (ctx->err_code ? ctx->err_code : RM_ERR_OOM);
+    o->t[i] = o->copy[i];
   }
-  if (rc)
-    for (int i = 0; i < nin; i++) rm_tensor_drop(ctx, c[i]), c[i] = NULL;
+  if (rc) operands_free(ctx, o);
   return rc;
 }
 
-static void drop_inputs(rm_ctx *ctx, int nin, rm_tensor **c) {
-  for (int i = 0; i < nin; i++) rm_tensor_drop(ctx, c[i]);
-}
-
 /* Per-thread scratch: one workspace tensor (accounted, honours the memory limit). */
-static int job_init(rm_ctx *ctx, att_job *J, rm_tensor *const *c, const rm_attrs *a, int64_t per, int nth,
+static int job_init(rm_ctx *ctx, att_job *J, const rm_tensor *const *c, const rm_attrs *a, int64_t per, int nth,
                     rm_tensor **w) {
   memset(J, 0, sizeof *J);
   J->ctx = ctx;
@@ -323,49 +337,84 @@ static int job_init(rm_ctx *ctx, att_job *J, rm_tensor *const *c, const rm_attrs
   return RM_OK;
 }
 
-RM_CPU_KERNEL(attention) {
-  rm_tensor *c[3], *w = NULL;
-  if (nin != 3 || readable_inputs(ctx, 3, in, 7, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;
+/* in: q, k, v; y written as rows (y's rows may be apart: the packed form). */
+static int forward(rm_ctx *ctx, const rm_tensor *const *in, const rm_tensor *y, rm_tensor *lse, const rm_attrs *a) {
+  operands o;
+  rm_tensor *w = NULL;
+  if (operands_of(ctx, 3, in, 7, &o)) return ctx->err_code ? ctx->err_code : RM_ERR_OOM;
   att_geo g;
-  geometry(c, a, &g);
+  geometry(o.t, a, &g);
   int rc = RM_OK;
   if (g.bh * g.Tq > 0) {
     int nth = threads_for(&g);
     att_job J;
     int64_t Tk1 = g.Tk > 0 ? g.Tk : 1;
-    if (!(rc = job_init(ctx, &J, c, a, g.bq * Tk1, nth, &w))) {
-      J.y = rm_tensor_ptr(out[0]);
-      J.lse = rm_tensor_ptr(out[1]);
+    if (!(rc = job_init(ctx, &J, o.t, a, g.bq * Tk1, nth, &w))) {
+      J.y = mat_of(y, g.hd);
+      J.lse = rm_tensor_ptr(lse);
       run_tasks(&J, g.bh * ((g.Tq + g.bq - 1) / g.bq), nth, true);
     }
   }
   rm_tensor_drop(ctx, w);
-  drop_inputs(ctx, 3, c);
+  operands_free(ctx, &o);
   return rc;
 }
 
-RM_CPU_KERNEL(attention_backward) {
-  rm_tensor *c[6], *w = NULL;
-  /* q, k, v and gy read in place; y and lse contiguous */
-  if (nin != 6 || readable_inputs(ctx, 6, in, 1 | 2 | 4 | 32, c)) return ctx->err_code ? ctx->err_code : RM_ERR_ARG;
+/* in: q, k, v, y, lse, gy; g3: gq, gk, gv, written as rows. */
+static int backward(rm_ctx *ctx, const rm_tensor *const *in, const rm_tensor *const *g3, const rm_attrs *a) {
+  operands o;
+  rm_tensor *w = NULL;
+  /* q, k, v, y and gy read as rows; lse contiguous */
+  if (operands_of(ctx, 6, in, 1 | 2 | 4 | 8 | 32, &o)) return ctx->err_code ? ctx->err_code : RM_ERR_OOM;
   att_geo g;
-  geometry(c, a, &g);
+  geometry(o.t, a, &g);
   int rc = RM_OK;
   if (g.bh > 0) {
     int nth = threads_for(&g);
     att_job J;
     int64_t Tk1 = g.Tk > 0 ? g.Tk : 1;
-    if (!(rc = job_init(ctx, &J, c, a, 2 * g.bq * Tk1 + g.bq, nth, &w))) {
-      J.gy = mat_of(c[5], g.hd);
-      J.y = rm_tensor_ptr(c[3]);
-      J.lse = rm_tensor_ptr(c[4]);
-      J.gq = rm_tensor_ptr(out[0]);
-      J.gk = rm_tensor_ptr(out[1]);
-      J.gv = rm_tensor_ptr(out[2]);
+    if (!(rc = job_init(ctx, &J, o.t, a, 2 * g.bq * Tk1 + g.bq, nth, &w))) {
+      J.gy = mat_of(o.t[5], g.hd);
+      J.y = mat_of(o.t[3], g.hd);
+      J.lse = rm_tensor_ptr(o.t[4]);
+      J.gq = mat_of(g3[0], g.hd);
+      J.gk = mat_of(g3[1], g.hd);
+      J.gv = mat_of(g3[2], g.hd);
       run_tasks(&J, g.bh, nth, false);
     }
   }
   rm_tensor_drop(ctx, w);
-  drop_inputs(ctx, 6, c);
+  operands_free(ctx, &o);
   return rc;
+}
+
+RM_CPU_KERNEL(attention) {
+  if (nin == 3) return forward(ctx, (const rm_tensor *const *)in, out[0], out[1], a);
+  if (nin != 1) return RM_ERR_ARG;
+  /* packed: the three parts of qkv and y as (..., H, T, D) views */
+  rm_tensor v[4];
+  for (int i = 0; i < 3; i++) rm_attention_part(in[0], a->attention.heads, i, 3, &v[i]);
+  rm_attention_part(out[0], a->attention.heads, 0, 1, &v[3]);
+  const rm_tensor *qkv[3] = { &v[0], &v[1], &v[2] };
+  return forward(ctx, qkv, &v[3], out[1], a);
+}
+
+RM_CPU_KERNEL(attention_backward) {
+  if (nin != 6) return RM_ERR_ARG;
+  return backward(ctx, (const rm_tensor *const *)in, (const rm_tensor *const *)out, a);
+}
+
+/* qkv, y, lse, gy -> dqkv: the three-input backward on views, gq, gk and gv written into
+ * dqkv's three parts (each row of dqkv is written by exactly one of them). */
+RM_CPU_KERNEL(attention_qkv_backward) {
+  if (nin != 4) return RM_ERR_ARG;
+  int64_t H = a->attention.heads;
+  rm_tensor v[8];
+  for (int i = 0; i < 3; i++) rm_attention_part(in[0], H, i, 3, &v[i]);
+  rm_attention_part(in[1], H, 0, 1, &v[3]);
+  rm_attention_part(in[3], H, 0, 1, &v[4]);
+  for (int i = 0; i < 3; i++) rm_attention_part(out[0], H, i, 3, &v[5 + i]);
+  const rm_tensor *args[6] = { &v[0], &v[1], &v[2], &v[3], in[2], &v[4] };
+  const rm_tensor *g3[3] = { &v[5], &v[6], &v[7] };
+  return backward(ctx, args, g3, a);
 }

@@ -84,6 +84,51 @@ local function attention_bw_ref(qv, kv, vv, gv, qshape, Tk, causal, scale)
   return gq, gk, gvv
 end
 
+-- The packed form's layouts (flat, 1-based), nl leading entries: qkv (nl, T, 3, H, D)
+-- -> q, k, v as (nl, H, T, D); rows (nl, T, H, D) <-> heads (nl, H, T, D).
+local function unpack_qkv(vals, nl, T, H, D)
+  local parts = { {}, {}, {} }
+  for b = 0, nl - 1 do
+    for t = 0, T - 1 do
+      for p = 0, 2 do
+        for h = 0, H - 1 do
+          for d = 1, D do parts[p + 1][((b * H + h) * T + t) * D + d] = vals[(((b * T + t) * 3 + p) * H + h) * D + d] end
+        end
+      end
+    end
+  end
+  return parts[1], parts[2], parts[3]
+end
+
+local function pack_qkv(q, k, v, nl, T, H, D)
+  local out, parts = {}, { q, k, v }
+  for b = 0, nl - 1 do
+    for t = 0, T - 1 do
+      for p = 0, 2 do
+        for h = 0, H - 1 do
+          for d = 1, D do out[(((b * T + t) * 3 + p) * H + h) * D + d] = parts[p + 1][((b * H + h) * T + t) * D + d] end
+        end
+      end
+    end
+  end
+  return out
+end
+
+local function heads_to_rows(vals, nl, T, H, D, back)
+  local out = {}
+  for b = 0, nl - 1 do
+    for h = 0, H - 1 do
+      for t = 0, T - 1 do
+        for d = 1, D do
+          local hi, ri = ((b * H + h) * T + t) * D + d, ((b * T + t) * H + h) * D + d
+          if back then out[hi] = vals[ri] else out[ri] = vals[hi] end
+        end
+      end
+    end
+  end
+  return out
+end
+
 return function(K)
   local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local tol = K.dtype == "float32" and 2e-5 or 1e-10
@@ -132,7 +177,79 @@ return function(K)
     return y, lse
   end
 
+  -- The packed form: qkv (lead..., T, 3 H D) with heads H.
+  local function pattrs(causal, scale, heads) return { causal = causal and true or false, scale = scale or 0, heads = heads } end
+  local function cat(a, b)
+    local s = {}
+    for _, x in ipairs(a) do s[#s + 1] = x end
+    for _, x in ipairs(b) do s[#s + 1] = x end
+    return s
+  end
+  -- The three-input form's operands: (lead..., H, T, D) views of qkv's parts (views of
+  -- views, as the module used to pass them).
+  local function part_views(qkv, lead, T, H, D)
+    local n = #lead
+    local t5 = op("view", { shape = cat(lead, { T, 3, H, D }) }, op("copy", nil, qkv))
+    local r = {}
+    for i = 0, 2 do
+      r[i + 1] = op("transpose", { dim0 = n, dim1 = n + 1 }, op("select", { dim = n + 1, index = i }, t5))
+    end
+    return r[1], r[2], r[3]
+  end
+  local function heads_view(y, lead, T, H, D) -- (lead..., T, H D) -> (lead..., H, T, D)
+    local n = #lead
+    return op("transpose", { dim0 = n, dim1 = n + 1 }, op("view", { shape = cat(lead, { T, H, D }) }, op("copy", nil, y)))
+  end
+
+  -- Packed forward against the oracle (y and lse), and against the three-input form on
+  -- the parts' views: the same numbers, bit for bit.
+  local function check_packed(lead, T, H, D, causal, scale, maker)
+    maker = maker or K.rand
+    local nl = kit.numel(lead)
+    local qkv, vals = maker(cat(lead, { T, 3 * H * D }))
+    local yshape, lshape = cat(lead, { T, H * D }), cat(lead, { H, T })
+    local y, lse = zeros(yshape), zeros(lshape)
+    C.op_into(C.ops.attention, pattrs(causal, scale, H), { qkv }, { y, lse })
+    local qv, kv, vv = unpack_qkv(vals, nl, T, H, D)
+    local ey, else_ = attention_ref(qv, kv, vv, { nl * H, T, D }, T, causal, scale)
+    K.check(y, heads_to_rows(ey, nl, T, H, D), yshape, tol, "y")
+    K.check(lse, else_, lshape, tol, "lse")
+    K.check(op("attention", pattrs(causal, scale, H), qkv), C.flat(y), yshape, 0, "y of op()")
+    local q, k, v = part_views(qkv, lead, T, H, D)
+    local y3 = zeros(cat(lead, { H, T, D }))
+    local lse3 = zeros(lshape)
+    C.op_into(C.ops.attention, attrs(causal, scale), { q, k, v }, { y3, lse3 })
+    K.check(y, heads_to_rows(C.flat(K.device == "cpu" and y3 or C.to_device(y3, "cpu")), nl, T, H, D), yshape, 0,
+      "y against the three-input form")
+    K.check(lse, C.flat(K.device == "cpu" and lse3 or C.to_device(lse3, "cpu")), lshape, 0,
+      "lse against the three-input form")
+  end
+
   local forward = {
+    ["packed qkv: odd sizes (T 5, 3 heads of 2; T 7, 1 head of 3; 2 x 2 leading), causal and not"] = function()
+      check_packed({ 2 }, 5, 3, 2, true)
+      check_packed({ 2 }, 5, 3, 2, false, 0.7)
+      check_packed({}, 7, 1, 3, true)
+      check_packed({ 2, 2 }, 3, 2, 1, true, -0.4)
+    end,
+    ["packed qkv: one token, many query blocks (T 300), a non-contiguous qkv"] = function()
+      check_packed({ 3 }, 1, 2, 2, true)
+      check_packed({ 1 }, 300, 2, 2, true)
+      check_packed({ 2 }, 6, 2, 3, true, nil, K.noncontig)
+    end,
+    ["packed qkv: empty (no tokens, no leading entries)"] = function()
+      check_packed({ 2 }, 0, 2, 2, true)
+      check_packed({ 0 }, 4, 2, 2, true)
+    end,
+    ["packed qkv: errors (heads, width, input count)"] = function()
+      local qkv = (K.rand({ 2, 3, 12 }))
+      raises("needs heads >= 1 (got 0)", op, "attention", pattrs(true), qkv)
+      raises("got 2x3x12 with heads = 5", op, "attention",
+        pattrs(true, 0, 5), qkv)
+      raises("heads (2) is for the packed form", op, "attention", pattrs(true, 0, 2), qkv, qkv, qkv)
+      raises("takes q, k, v or one packed qkv (got 2 inputs)", op, "attention", nil, qkv, qkv)
+      raises("qkv must be", op, "attention", pattrs(true, 0, 1), (K.rand({ 6 })))
+    end,
     ["2x3x5x4, causal and not"] = function()
       check({ 2, 3, 5, 4 }, 5, true)
       check({ 2, 3, 5, 4 }, 5, false)
@@ -210,7 +327,7 @@ return function(K)
       raises("at least as many keys as queries (3 queries, 2 keys)", op, "attention", attrs(true), q,
         (K.rand({ 2, 2, 4 })), (K.rand({ 2, 2, 4 })))
       raises("attribute 'causal' must be a boolean, got number", op, "attention", { causal = 2 }, q, q, q)
-      raises("takes 3 inputs", op, "attention", nil, q, q)
+      raises("takes q, k, v or one packed qkv", op, "attention", nil, q, q)
       local other = K.dtype == "float32" and "float64" or "float32"
       if K.device == "cpu" then
         raises("input 2 is", op, "attention", nil, q, C.from_table(kit.values({ 2, 3, 4 }), { 2, 3, 4 }, other), q)
@@ -290,6 +407,58 @@ return function(K)
       "(checked through the gradchecks of attention)",
   }
 
+  -- attention_qkv_backward(qkv, y, lse, gy) against the oracle, and against
+  -- attention_backward on the parts' views: the same numbers, bit for bit.
+  local function qkv_bw_check(lead, T, H, D, causal, scale, maker)
+    maker = maker or K.rand
+    local nl = kit.numel(lead)
+    local qkv, vals = K.rand(cat(lead, { T, 3 * H * D }))
+    local yshape, lshape = cat(lead, { T, H * D }), cat(lead, { H, T })
+    local y, lse = zeros(yshape), zeros(lshape)
+    C.op_into(C.ops.attention, pattrs(causal, scale, H), { qkv }, { y, lse })
+    local gy, gyv = maker(yshape)
+    local g = op("attention_qkv_backward", pattrs(causal, scale, H), qkv, y, lse, gy)
+    local qv, kv, vv = unpack_qkv(vals, nl, T, H, D)
+    local eq, ek, ev = attention_bw_ref(qv, kv, vv, heads_to_rows(gyv, nl, T, H, D, true), { nl * H, T, D }, T,
+      causal, scale)
+    local gshape = cat(lead, { T, 3 * H * D })
+    K.check(g, pack_qkv(eq, ek, ev, nl, T, H, D), gshape, tol, "dqkv")
+    local q, k, v = part_views(qkv, lead, T, H, D)
+    local gq, gk, gv = op("attention_backward", attrs(causal, scale), q, k, v, heads_view(y, lead, T, H, D), lse,
+      heads_view(gy, lead, T, H, D))
+    local function flat(t) return C.flat(K.device == "cpu" and t or C.to_device(t, "cpu")) end
+    K.check(g, pack_qkv(flat(gq), flat(gk), flat(gv), nl, T, H, D), gshape, 0, "dqkv against attention_backward")
+  end
+
+  local qkv_backward_helper = {
+    forward = {
+      ["odd sizes (T 5, 3 heads of 2; T 7, 1 head of 3; 2 x 2 leading), causal and not"] = function()
+        qkv_bw_check({ 2 }, 5, 3, 2, true)
+        qkv_bw_check({ 2 }, 5, 3, 2, false, 0.6, K.noncontig)
+        qkv_bw_check({}, 7, 1, 3, true)
+        qkv_bw_check({ 2, 2 }, 3, 2, 1, true, -0.4)
+      end,
+      ["many query blocks accumulating gk and gv (T 300)"] = function()
+        qkv_bw_check({ 1 }, 300, 2, 2, true)
+      end,
+      ["empty (no tokens, no leading entries)"] = function()
+        qkv_bw_check({ 2 }, 0, 2, 2, true)
+        qkv_bw_check({ 0 }, 4, 2, 2, true)
+      end,
+      ["errors: y, lse and gy shapes"] = function()
+        local qkv = (K.rand({ 2, 3, 12 }))
+        local y, lse = (K.rand({ 2, 3, 4 })), (K.rand({ 2, 2, 3 }))
+        raises("y has shape 2x3x12, expected 2x3x4", op, "attention_qkv_backward", pattrs(true, 0, 2), qkv, qkv, lse, y)
+        raises("lse has shape 2x3, expected 2x2x3", op, "attention_qkv_backward", pattrs(true, 0, 2), qkv, y,
+          (K.rand({ 2, 3 })), y)
+        raises("gy has shape 2x3x2", op, "attention_qkv_backward", pattrs(true, 0, 2), qkv, y, lse, (K.rand({ 2, 3, 2 })))
+        raises("needs heads >= 1", op, "attention_qkv_backward", pattrs(true), qkv, y, lse, y)
+      end,
+    },
+    nodiff = "internal backward helper of the packed attention; its own gradient is never taken " ..
+      "(checked through the gradchecks of attention)",
+  }
+
   local gc = kit.gradcheck
   local function att(causal, scale)
     return function(q, k, v) return op("attention", attrs(causal, scale), q, k, v) end
@@ -308,6 +477,12 @@ return function(K)
         ["causal, fewer queries than keys (offset mask), hd = 1"] = function()
           gc(att(true), { { shape = { 2, 2, 1 } }, { shape = { 2, 4, 1 } }, { shape = { 2, 4, 1 } } })
         end,
+        ["packed qkv: causal, T 3, 2 heads of 2, 2 leading"] = function()
+          gc(function(qkv) return op("attention", pattrs(true, 0, 2), qkv) end, { { shape = { 2, 3, 12 } } })
+        end,
+        ["packed qkv: not causal, T 4, 3 heads of 1, scale 0.8, 2-D"] = function()
+          gc(function(qkv) return op("attention", pattrs(false, 0.8, 3), qkv) end, { { shape = { 4, 9 } } })
+        end,
         ["only some inputs require grad"] = function()
           gc(att(true), { { shape = { 3, 2 }, grad = false }, { shape = { 3, 2 } }, { shape = { 3, 2 }, grad = false } })
           gc(att(false), { { shape = { 3, 2 } }, { shape = { 3, 2 }, grad = false }, { shape = { 3, 2 } } })
@@ -315,5 +490,6 @@ return function(K)
       },
     },
     attention_backward = backward_helper,
+    attention_qkv_backward = qkv_backward_helper,
   }
 end
