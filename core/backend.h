@@ -49,6 +49,10 @@ typedef struct rm_backend {
    * is off. NULL where meaningless. */
   int (*profile)(rm_ctx *ctx, double *ms, int64_t *calls, bool reset);
   bool supports_dtype[RM_DTYPE_COUNT];
+  /* The ops whose kernels take int32/int64 data (inputs other than index inputs, and
+   * outputs other than index outputs: rm_op_def.index_in/index_out); every other op
+   * given an integer tensor is refused by rm_op_run, naming the op and the dtype. */
+  bool int_ops[RM_OP_COUNT];
   /* Machine balance: FLOPs the device does in the time it moves one byte. The cost of
    * replaying an op is FLOPs + bytes moved x this (a roofline estimate): memory-bound
    * ops (softmax, gelu, dropout) cost what their bytes cost, not their few FLOPs. */

@@ -84,11 +84,13 @@ rm_tensor *rm_idx_read(rm_ctx *ctx, const char *path, int64_t limit, rm_category
   bool limited = limit > 0 && (uint64_t)limit < items;
   if (limited) items = (uint64_t)limit;
   int64_t shape[2] = { (int64_t)items, (int64_t)per };
-  t = rm_tensor_new(ctx, RM_F32, RM_CPU, images ? 2 : 1, shape, cat);
+  /* images: float32 in [0, 1]; labels: int64 class indices 1..K */
+  t = rm_tensor_new(ctx, images ? RM_F32 : RM_I64, RM_CPU, images ? 2 : 1, shape, cat);
   if (!t) { rm_fail_prefix(ctx, path); goto fail; }
   buf = rm_host_malloc(ctx, IDX_CHUNK);
   if (!buf) { rm_fail(ctx, RM_ERR_OOM, "%s: out of host memory", path); goto fail; }
   float *dst = rm_tensor_ptr(t);
+  int64_t *lab = rm_tensor_ptr(t);
   uint64_t total = items * per, done = 0;
   while (done < total) {
     size_t want = total - done < IDX_CHUNK ? (size_t)(total - done) : IDX_CHUNK;
@@ -102,7 +104,7 @@ rm_tensor *rm_idx_read(rm_ctx *ctx, const char *path, int64_t limit, rm_category
     if (images)
       for (size_t i = 0; i < want; i++) dst[done + i] = (float)buf[i] * (1.0f / 255.0f);
     else
-      for (size_t i = 0; i < want; i++) dst[done + i] = (float)buf[i] + 1.0f;
+      for (size_t i = 0; i < want; i++) lab[done + i] = (int64_t)buf[i] + 1;
     done += want;
   }
   if (!limited) {

@@ -7,7 +7,7 @@
 
 /* Reads an IDX file of unsigned bytes (gzip or plain; zlib tells them apart):
  * images (magic 0x00000803, dims N x rows x cols) become a float32 (N, rows*cols) tensor
- * scaled to [0, 1]; labels (magic 0x00000801, dim N) a float32 (N) tensor holding
+ * scaled to [0, 1]; labels (magic 0x00000801, dim N) an int64 (N) tensor holding
  * label + 1 (remat's class indices are 1-based). limit > 0 reads only the first
  * min(limit, N) items. Returns a new hold of category cat, or NULL with an error
  * naming path ("<path> not found", bad magic, truncated data, ...). */

@@ -90,6 +90,13 @@ int rm_check_same_dtype(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *
   return RM_OK;
 }
 
+int rm_check_index_dtype(rm_ctx *ctx, const char *op, const char *what, const rm_tensor *idx) {
+  rm_dtype d = idx->dtype;
+  if (d == RM_I32 || d == RM_I64 || d == RM_F32 || d == RM_F64) return RM_OK;
+  return rm_fail(ctx, RM_ERR_DTYPE, "%s: %s must be int64, int32 (or whole numbers in float32/float64), got %s",
+                 op, what, rm_dtype_name(d));
+}
+
 int rm_check_shape(rm_ctx *ctx, const char *op, const char *what, const rm_tensor *t, int n,
                    const int64_t *s) {
   bool ok = t->ndim == n;
@@ -158,6 +165,25 @@ static rm_tensor *broadcast_view(rm_ctx *ctx, rm_tensor *t, int ndim, const int6
   return rm_tensor_view_of(ctx, t, ndim, shape, st, t->offset);
 }
 
+/* Whether backend b runs op on data of dtype d; else an error naming both. Integer
+ * dtypes are refused for ops the backend does not list in int_ops, with that list. */
+static int check_kernel_dtype(rm_ctx *ctx, const rm_backend *b, rm_op_id op, rm_dtype d) {
+  const char *name = op_names[op];
+  if (!b->supports_dtype[d])
+    return rm_fail(ctx, RM_ERR_DTYPE, "%s: %s does not support %s", name, b->name, rm_dtype_name(d));
+  if (!rm_dtype_is_int(d) || b->int_ops[op]) return RM_OK;
+  char list[512];
+  size_t at = 0;
+  list[0] = 0;
+  for (int k = 0; k < RM_OP_COUNT && at < sizeof list; k++)
+    if (b->int_ops[k] && !(op_table[k]->flags & RM_OPF_INTERNAL))
+      at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", at ? ", " : "", op_names[k]);
+  return rm_fail(ctx, RM_ERR_DTYPE,
+                 "%s does not take %s tensors (on %s, integer tensors go to: %s, views, indexing ops and "
+                 "conversions; convert first with x:to('float32'))",
+                 name, rm_dtype_name(d), b->name, list);
+}
+
 /* Runs def's kernel (or view) on in[], producing all nout outputs in outs[] (new refs).
  * Does not record. attrs are used as given (random ops: seed/offset already set). */
 static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
@@ -165,6 +191,14 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   const rm_op_def *def = op_table[op];
   int nout = def->nout;
   rm_meta meta[RM_MAX_OUTPUTS];
+  /* the inputs' dtypes first: an integer tensor given to a float-only op gets that
+   * error, not one about its shape or attributes */
+  if (nin > 0 && !(def->flags & RM_OPF_VIEW)) {
+    const rm_backend *b = rm_backend_get(ctx, in[0]->device);
+    if (!b) return ctx->err_code;
+    for (int i = 0; i < nin && i < 32; i++)
+      if (!((def->index_in >> i) & 1u) && check_kernel_dtype(ctx, b, op, in[i]->dtype)) return ctx->err_code;
+  }
   int rc = def->infer ? def->infer(ctx, nin, in, a, meta) : default_infer(ctx, def, nin, in, meta);
   if (rc) return rc;
   for (int j = 0; j < nout; j++) {
@@ -193,9 +227,7 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
   if (!k)
     return rm_fail(ctx, RM_ERR_DEVICE, "%s is not supported on %s", def->name, b->name);
   for (int j = 0; j < nout; j++)
-    if (!b->supports_dtype[meta[j].dtype])
-      return rm_fail(ctx, RM_ERR_DTYPE, "%s: %s does not support %s", def->name, b->name,
-                     rm_dtype_name(meta[j].dtype));
+    if (!((def->index_out >> j) & 1u) && check_kernel_dtype(ctx, b, op, meta[j].dtype)) return ctx->err_code;
 
   rm_tensor *args[RM_MAX_INPUTS];
   int nargs = nin;
@@ -267,6 +299,12 @@ static bool saves_input(const rm_op_def *def, int i) {
   return def->save_in == RM_NTH_ALL || (i < 32 && (def->save_in >> i) & 1u);
 }
 
+/* Whether output j (of dtype d) carries a gradient: a visible, differentiable output
+ * of a float dtype (an integer output never requires grad). */
+static bool out_diff(const rm_op_def *def, int j, rm_dtype d) {
+  return j < def->nvis && !((def->nodiff_out >> j) & 1u) && !rm_dtype_is_int(d);
+}
+
 static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
                        const rm_attrs *a, rm_tensor **outs) {
   const rm_op_def *def = op_table[op];
@@ -305,7 +343,7 @@ static rm_node *record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
     n->out[j] = t;
     n->ver[nin + j] = t->storage ? t->storage->version : 0;
     t->out_index = j;
-    bool diff = j < def->nvis && !((def->nodiff_out >> j) & 1u);
+    bool diff = out_diff(def, j, t->dtype);
     if (diff) {
       t->grad_fn = n;
       t->requires_grad = true;
@@ -356,6 +394,11 @@ int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_
   if (def->flags & RM_OPF_RANDOM && a == &local) {
     int64_t numel = rm_tensor_numel(outs[0]);
     ctx->rng_offset += rm_philox_advance(numel);
+  }
+  if (grad) { /* an op whose outputs are all integers (a cast to int64) records nothing */
+    bool any = false;
+    for (int j = 0; j < def->nvis; j++) any = any || out_diff(def, j, outs[j]->dtype);
+    grad = any;
   }
   if (grad) {
     rm_node *n = record(ctx, op, nin, in, a, outs);
@@ -498,7 +541,7 @@ void rm_node_release(rm_ctx *ctx, rm_node *n) {
   for (int j = 0; j < n->nout; j++) {
     rm_tensor *t = n->out[j];
     if (!t) continue;
-    bool diff = j < def->nvis && !((def->nodiff_out >> j) & 1u);
+    bool diff = out_diff(def, j, t->dtype);
     if (!diff) {
       t->producer = NULL;
       rm_tensor_release(ctx, t);

@@ -4,8 +4,10 @@
  * kernel per backend (core/backend.h), a backward rule written with other ops (so it
  * runs on every backend), what its backward needs saved, and a cost model.
  *
- * Index values (argmax results, gather/index_select/embedding indices, cross_entropy
- * labels) are stored in float tensors and are 1-based, as Lua users expect. */
+ * Index values are 1-based, as Lua users expect. Ops that produce them (argmax, the
+ * indices of max, min, sort and topk) give int64 tensors; ops that take them (gather,
+ * index_select, embedding, index_add, scatter_add, cross_entropy labels) take int32,
+ * int64, or whole numbers in a float32/float64 tensor. */
 #ifndef REMAT_OP_H
 #define REMAT_OP_H
 
@@ -87,6 +89,9 @@ typedef struct rm_op_def {
   unsigned save_in;       /* RM_NTH(i): backward reads input i (RM_NTH_ALL: every input) */
   unsigned save_out;      /* RM_NTH(j): backward reads output j */
   unsigned nodiff_out;    /* RM_NTH(j): visible output j is not differentiable (indices) */
+  unsigned index_in;      /* RM_NTH(i): input i holds index values (its infer checks the */
+  unsigned index_out;     /* dtype); output j is int64 indices. Every other input and
+                             output must be a dtype the backend declares for the op */
   /* Checks inputs and attrs, fills out[0..nout-1]. NULL: elementwise default (one
    * input: same meta; several: broadcast shape, all dtypes and devices equal). */
   int (*infer)(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out);
@@ -178,6 +183,8 @@ void rm_node_release(rm_ctx *ctx, rm_node *n);
 int rm_node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want);
 
 /* Helpers for infer steps. */
+/* Checks that idx can hold index values: int32, int64, float32 or float64. */
+int rm_check_index_dtype(rm_ctx *ctx, const char *op, const char *what, const rm_tensor *idx);
 int rm_check_same_device(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in);
 int rm_check_same_dtype(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in);
 /* Checks that t has shape s (n dims); RM_ERR_SHAPE "op: what has shape AxB, expected CxD". */

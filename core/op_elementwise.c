@@ -3,7 +3,7 @@
  *
  * Binary ops, comparisons and where broadcast their inputs (numpy rules; the default
  * infer step of core/op.c checks devices, dtypes and shapes and names the op). Scalar
- * ops read scalar.value. Comparisons give 1.0/0.0 in the input dtype. Backward rules are
+ * ops read scalar.value. Comparisons give 1/0 in the input dtype. Backward rules are
  * written with the wrappers below, so they run on every backend; what each rule reads
  * is declared in its op's save_in/save_out, chosen to keep as little as possible
  * (ops whose derivative is a function of their output keep the output only). */
@@ -392,6 +392,10 @@ static int fill_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs
     return rm_fail(ctx, RM_ERR_DEVICE, "fill: unknown device %lld", (long long)a->fill.device);
   if (a->ndim < 0 || a->ndim > RM_MAX_DIM)
     return rm_fail(ctx, RM_ERR_ARG, "fill: at most %d dimensions", RM_MAX_DIM);
+  int64_t v;
+  if (rm_dtype_is_int((rm_dtype)a->fill.dtype) && !rm_float_to_int(a->fill.value, (rm_dtype)a->fill.dtype, &v))
+    return rm_fail(ctx, RM_ERR_ARG, "fill: %.17g has no %s value (NaN, infinite or out of range)", a->fill.value,
+                   rm_dtype_name((rm_dtype)a->fill.dtype));
   out[0].dtype = (rm_dtype)a->fill.dtype;
   out[0].device = (rm_device)a->fill.device;
   out[0].ndim = a->ndim;
@@ -450,8 +454,27 @@ COMPARE(le)
 COMPARE(gt)
 COMPARE(ge)
 
-UNARY(add_scalar, pass_backward, 0, 0, NULL)
-UNARY(mul_scalar, mul_scalar_backward, 0, 0, NULL)
+/* add_scalar / mul_scalar on an integer tensor: the scalar must be a whole number in
+ * its range (an int64 tensor plus 0.5 has no int64 answer; convert to float first). */
+static int int_scalar_infer(rm_ctx *ctx, const char *op, rm_tensor *x, const rm_attrs *a, rm_meta *out) {
+  rm_tensor_meta(x, &out[0]);
+  int64_t v;
+  double s = a->scalar.value;
+  if (rm_dtype_is_int(x->dtype) && (!rm_float_to_int(s, x->dtype, &v) || (double)v != s))
+    return rm_fail(ctx, RM_ERR_ARG, "%s: %.17g is not a whole number in the range of %s (the tensor's dtype); "
+                   "convert the tensor with x:to('float32') first", op, s, rm_dtype_name(x->dtype));
+  return RM_OK;
+}
+static int add_scalar_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  return int_scalar_infer(ctx, "add_scalar", in[0], a, out);
+}
+static int mul_scalar_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  return int_scalar_infer(ctx, "mul_scalar", in[0], a, out);
+}
+const rm_op_def rm_opdef_add_scalar = { .name = "add_scalar", .nin = 1, .nout = 1, .nvis = 1,
+  .flags = RM_OPF_STRIDED, .infer = add_scalar_infer, .backward = pass_backward };
+const rm_op_def rm_opdef_mul_scalar = { .name = "mul_scalar", .nin = 1, .nout = 1, .nvis = 1,
+  .flags = RM_OPF_STRIDED, .infer = mul_scalar_infer, .backward = mul_scalar_backward };
 UNARY(pow_scalar, pow_scalar_backward, RM_NTH(0), 0, pow_scalar_flops)
 UNARY(rdiv_scalar, rdiv_scalar_backward, RM_NTH(0), 0, NULL)
 

@@ -1,7 +1,8 @@
 /* Indexing: index_select, gather, concat, embedding, causal_mask, and the backward
  * helpers index_add, scatter_add, narrow_backward. Dims are 0-based. Index
- * tensors hold 1-based float values (float32 or float64, whatever the data's dtype);
- * their range is checked by the kernels, which see the values.
+ * tensors hold 1-based values: int64, int32, or whole numbers in float32/float64
+ * (whatever the data's dtype); their range is checked by the kernels, which see the
+ * values.
  *
  * Attrs of every op in this file:
  *   index_select(x, idx)      axis {dim}; idx 1-D
@@ -17,6 +18,7 @@
  *                             out = zeros, out[.., idx[p], ..] += src[p] along dim
  *   narrow_backward(g)        {dim, start (0-based), size (the full size of dim)}:
  *                             zeros of the full shape with g in the window */
+#include <stdio.h>
 #include <string.h>
 
 #include "ops.h"
@@ -55,16 +57,15 @@ rm_tensor *rm_causal_mask(rm_ctx *ctx, rm_tensor *scores) {
 
 /* ---- shared checks ---- */
 
-/* An index tensor: on x's device, float32 or float64 (integers are exact in both far
- * beyond any size remat handles). */
+/* An index tensor: on x's device, an integer or float dtype (float values must be
+ * whole numbers; the kernels check). */
 static int check_index(rm_ctx *ctx, const char *op, rm_tensor *x, rm_tensor *idx, const char *what) {
   if (idx->device != x->device)
     return rm_fail(ctx, RM_ERR_DEVICE, "%s: the %s are on %s but the data is on %s", op, what,
                    rm_device_name(idx->device), rm_device_name(x->device));
-  if (idx->dtype != RM_F32 && idx->dtype != RM_F64)
-    return rm_fail(ctx, RM_ERR_DTYPE, "%s: the %s must be float32 or float64 (got %s)", op, what,
-                   rm_dtype_name(idx->dtype));
-  return RM_OK;
+  char w[32];
+  snprintf(w, sizeof w, "the %s", what);
+  return rm_check_index_dtype(ctx, op, w, idx);
 }
 
 /* Normalises dim for an op that needs at least one dimension. */
@@ -114,7 +115,7 @@ static int index_select_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, r
 }
 
 const rm_op_def rm_opdef_index_select = {
-  .name = "index_select", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(1),
+  .name = "index_select", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(1), .index_in = RM_NTH(1),
   .infer = index_select_infer, .backward = index_select_backward,
 };
 
@@ -157,7 +158,7 @@ static int gather_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
 }
 
 const rm_op_def rm_opdef_gather = {
-  .name = "gather", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(1),
+  .name = "gather", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(1), .index_in = RM_NTH(1),
   .infer = gather_infer, .backward = gather_backward,
 };
 
@@ -242,7 +243,7 @@ static int embedding_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_t
 }
 
 const rm_op_def rm_opdef_embedding = {
-  .name = "embedding", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(1),
+  .name = "embedding", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(1), .index_in = RM_NTH(1),
   .infer = embedding_infer, .backward = embedding_backward,
 };
 
@@ -291,6 +292,7 @@ static int index_add_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_
 
 const rm_op_def rm_opdef_index_add = {
   .name = "index_add", .nin = 2, .nout = 1, .nvis = 1, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL,
+  .index_in = RM_NTH(1),
   .infer = index_add_infer, .flops = flops_src,
 };
 
@@ -319,6 +321,7 @@ static int scatter_add_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const r
 
 const rm_op_def rm_opdef_scatter_add = {
   .name = "scatter_add", .nin = 2, .nout = 1, .nvis = 1, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL,
+  .index_in = RM_NTH(1),
   .infer = scatter_add_infer, .flops = flops_src,
 };
 

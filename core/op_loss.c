@@ -31,9 +31,7 @@ static int check_logits_labels(rm_ctx *ctx, const char *op, rm_tensor *logits, r
   if (labels->device != logits->device)
     return rm_fail(ctx, RM_ERR_DEVICE, "%s: the labels are on %s but the logits are on %s", op,
                    rm_device_name(labels->device), rm_device_name(logits->device));
-  if (labels->dtype != RM_F32 && labels->dtype != RM_F64)
-    return rm_fail(ctx, RM_ERR_DTYPE, "%s: the labels must be float32 or float64 (got %s)", op,
-                   rm_dtype_name(labels->dtype));
+  if (rm_check_index_dtype(ctx, op, "the labels", labels)) return ctx->err_code;
   if (labels->ndim != 1 || labels->shape[0] != logits->shape[0])
     return rm_fail(ctx, RM_ERR_SHAPE, "%s: the labels must be 1-D with one label per row of the logits (%s), got %s", op,
                    rm_tensor_shape_str(logits, s1, sizeof s1), rm_tensor_shape_str(labels, s2, sizeof s2));
@@ -63,7 +61,7 @@ static double cross_entropy_flops(int nin, rm_tensor *const *in, const rm_attrs 
 
 const rm_op_def rm_opdef_cross_entropy = {
   .name = "cross_entropy", .nin = 2, .nout = 1, .nvis = 1, .save_in = RM_NTH(0) | RM_NTH(1),
-  .infer = cross_entropy_infer, .backward = cross_entropy_backward, .flops = cross_entropy_flops,
+  .index_in = RM_NTH(1), .infer = cross_entropy_infer, .backward = cross_entropy_backward, .flops = cross_entropy_flops,
 };
 
 static int cross_entropy_backward_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a,
@@ -85,7 +83,7 @@ static int cross_entropy_backward_infer(rm_ctx *ctx, int nin, rm_tensor *const *
 
 const rm_op_def rm_opdef_cross_entropy_backward = {
   .name = "cross_entropy_backward", .nin = 3, .nout = 1, .nvis = 1,
-  .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL,
+  .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL, .index_in = RM_NTH(1),
   .infer = cross_entropy_backward_infer, .flops = cross_entropy_flops,
 };
 

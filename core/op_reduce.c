@@ -92,7 +92,9 @@ static void keepdim_shape(rm_tensor *in, int d, int64_t *shape) {
 
 static int sum_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   int d;
-  return reduced_meta(ctx, "sum", in[0], a, &out[0], &d);
+  if (reduced_meta(ctx, "sum", in[0], a, &out[0], &d)) return ctx->err_code;
+  if (rm_dtype_is_int(in[0]->dtype)) out[0].dtype = RM_I64; /* integer sums are int64, as in PyTorch */
+  return RM_OK;
 }
 
 static int mean_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
@@ -113,20 +115,17 @@ static int max_meta(rm_ctx *ctx, const char *op, rm_tensor *in, const rm_attrs *
   return RM_OK;
 }
 
-/* Indices (1-based whole numbers) are float64 for float64 and float32 otherwise: a
- * bfloat16 index is exact only up to 256. */
-static rm_dtype index_dtype(rm_dtype dt) { return dt == RM_F64 ? RM_F64 : RM_F32; }
 
 static int max_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   if (max_meta(ctx, "max", in[0], a, &out[0])) return ctx->err_code;
   out[1] = out[0];
-  out[1].dtype = index_dtype(in[0]->dtype);
+  out[1].dtype = RM_I64; /* 1-based indices */
   return RM_OK;
 }
 
 static int argmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   if (max_meta(ctx, "argmax", in[0], a, &out[0])) return ctx->err_code;
-  out[0].dtype = index_dtype(in[0]->dtype);
+  out[0].dtype = RM_I64;
   return RM_OK;
 }
 
@@ -305,10 +304,10 @@ const rm_op_def rm_opdef_sum = { .name = "sum", .nin = 1, .nout = 1, .nvis = 1,
 const rm_op_def rm_opdef_mean = { .name = "mean", .nin = 1, .nout = 1, .nvis = 1,
   .infer = mean_infer, .backward = mean_backward, .flops = in_numel_flops };
 const rm_op_def rm_opdef_max = { .name = "max", .nin = 1, .nout = 2, .nvis = 2,
-  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1),
+  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .index_out = RM_NTH(1),
   .infer = max_infer, .backward = max_backward, .flops = in_numel_flops };
 const rm_op_def rm_opdef_argmax = { .name = "argmax", .nin = 1, .nout = 1, .nvis = 1,
-  .flags = RM_OPF_NODIFF, .infer = argmax_infer, .flops = in_numel_flops };
+  .flags = RM_OPF_NODIFF, .index_out = RM_NTH(0), .infer = argmax_infer, .flops = in_numel_flops };
 const rm_op_def rm_opdef_sum_to = { .name = "sum_to", .nin = 1, .nout = 1, .nvis = 1,
   .infer = sum_to_infer, .backward = sum_to_backward, .flops = in_numel_flops };
 const rm_op_def rm_opdef_softmax = { .name = "softmax", .nin = 1, .nout = 1, .nvis = 1,

@@ -9,7 +9,7 @@
  *
  * Order: ascending puts NaN last, descending first (NaN ranks above every number, as
  * in PyTorch); ties keep their original order (stable). min: the first minimum, and
- * the first NaN wins over numbers. Indices are 1-based values in x's dtype. cumsum
+ * the first NaN wins over numbers. Indices are 1-based, int64. cumsum
  * accumulates in float64 on every backend, so float32 results match bit for bit. */
 #include <string.h>
 
@@ -53,6 +53,7 @@ static int min_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs 
                    rm_tensor_shape_str(x, s, sizeof s));
   }
   out[1] = out[0];
+  out[1].dtype = RM_I64;
   return RM_OK;
 }
 
@@ -61,6 +62,7 @@ static int sort_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs
   if (sort_dim(ctx, "sort", in[0], a->sort.dim, &d)) return ctx->err_code;
   rm_tensor_meta(in[0], &out[0]);
   out[1] = out[0];
+  out[1].dtype = RM_I64;
   return RM_OK;
 }
 
@@ -73,6 +75,7 @@ static int topk_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs
   rm_tensor_meta(in[0], &out[0]);
   out[0].shape[d] = a->topk.k;
   out[1] = out[0];
+  out[1].dtype = RM_I64;
   return RM_OK;
 }
 
@@ -198,10 +201,10 @@ rm_tensor *rm_cumsum(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool reverse) {
 /* ---- definitions ---- */
 
 const rm_op_def rm_opdef_min = { .name = "min", .nin = 1, .nout = 2, .nvis = 2,
-  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .infer = min_infer, .backward = min_backward, .flops = numel_flops };
+  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .index_out = RM_NTH(1), .infer = min_infer, .backward = min_backward, .flops = numel_flops };
 const rm_op_def rm_opdef_sort = { .name = "sort", .nin = 1, .nout = 2, .nvis = 2,
-  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .infer = sort_infer, .backward = sort_backward, .flops = sort_flops };
+  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .index_out = RM_NTH(1), .infer = sort_infer, .backward = sort_backward, .flops = sort_flops };
 const rm_op_def rm_opdef_topk = { .name = "topk", .nin = 1, .nout = 2, .nvis = 2,
-  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .infer = topk_infer, .backward = sort_backward, .flops = topk_flops };
+  .save_out = RM_NTH(1), .nodiff_out = RM_NTH(1), .index_out = RM_NTH(1), .infer = topk_infer, .backward = sort_backward, .flops = topk_flops };
 const rm_op_def rm_opdef_cumsum = { .name = "cumsum", .nin = 1, .nout = 1, .nvis = 1,
   .infer = cumsum_infer, .backward = cumsum_backward, .flops = numel_flops };

@@ -25,13 +25,13 @@
 /* Every dtype the format defines, so that a file using one remat cannot hold gets
  * "cannot load dtype F8_E4M3" rather than "unknown dtype". remat: the dtype it loads
  * as. Integers and booleans (labels, token ids, masks written by PyTorch or NumPy) load
- * as float64, remat's index values: exact up to 2^53, and a 64-bit value beyond that
- * is an error rather than a rounded index. */
+ * as int64 (I64, U32, U64) or int32 (I32 and the narrower ones, BOOL as 0/1); a U64
+ * value beyond int64's range is an error rather than a wrapped one. */
 static const struct { const char *name; unsigned size; int remat; } st_dtypes[] = {
   { "F32", 4, RM_F32 }, { "F64", 8, RM_F64 }, { "BF16", 2, RM_F32 }, { "F16", 2, RM_F32 },
-  { "I64", 8, RM_F64 }, { "I32", 4, RM_F64 }, { "I16", 2, RM_F64 }, { "I8", 1, RM_F64 },
-  { "U64", 8, RM_F64 }, { "U32", 4, RM_F64 }, { "U16", 2, RM_F64 }, { "U8", 1, RM_F64 },
-  { "BOOL", 1, RM_F64 }, { "F8_E4M3", 1, -1 }, { "F8_E5M2", 1, -1 }, { "C64", 8, -1 },
+  { "I64", 8, RM_I64 }, { "I32", 4, RM_I32 }, { "I16", 2, RM_I32 }, { "I8", 1, RM_I32 },
+  { "U64", 8, RM_I64 }, { "U32", 4, RM_I64 }, { "U16", 2, RM_I32 }, { "U8", 1, RM_I32 },
+  { "BOOL", 1, RM_I32 }, { "F8_E4M3", 1, -1 }, { "F8_E5M2", 1, -1 }, { "C64", 8, -1 },
 };
 #define N_ST_DTYPES ((int)(sizeof st_dtypes / sizeof st_dtypes[0]))
 
@@ -41,6 +41,8 @@ static const char *st_name_of(rm_dtype d) {
   case RM_F64: return "F64";
   case RM_BF16: return "BF16";
   case RM_F16: return "F16";
+  case RM_I32: return "I32";
+  case RM_I64: return "I64";
   default: return NULL;
   }
 }
@@ -557,16 +559,15 @@ static float bf16_to_float(uint16_t h) {
   return f;
 }
 
-/* Reads an integer or boolean entry (little-endian) into t's float64 values. */
+/* Reads an integer or boolean entry (little-endian) into t's int32/int64 values. */
 static int read_integers(rm_ctx *ctx, FILE *f, const char *path, const st_entry *e, rm_tensor *t,
                          uint16_t *chunk) {
   const char *dt = st_dtypes[e->dt].name;
   unsigned size = st_dtypes[e->dt].size;
   bool is_signed = dt[0] == 'I';
   unsigned char *buf = (unsigned char *)chunk;
-  double *dst = rm_tensor_ptr(t);
+  void *dst = rm_tensor_ptr(t);
   uint64_t n = (e->end - e->begin) / size, done = 0, per = CHUNK_BYTES / size;
-  const double exact = 9007199254740992.0; /* 2^53 */
   while (done < n) {
     size_t k = (size_t)(n - done < per ? n - done : per);
     if (fread(buf, size, k, f) != k)
@@ -575,24 +576,18 @@ static int read_integers(rm_ctx *ctx, FILE *f, const char *path, const st_entry 
     for (size_t i = 0; i < k; i++) {
       uint64_t u = 0;
       for (unsigned b = 0; b < size; b++) u |= (uint64_t)buf[i * size + b] << (8 * b);
-      double v;
+      int64_t v;
       if (is_signed) {
         /* sign-extend from size bytes */
         uint64_t sign = (uint64_t)1 << (8 * size - 1);
-        int64_t sv = size == 8 ? (int64_t)u : (int64_t)((u ^ sign) - sign);
-        v = (double)sv;
-        if (sv > (int64_t)exact || sv < -(int64_t)exact)
-          return rm_fail(ctx, RM_ERR_DTYPE, "%s: tensor '%s' (%s) holds %lld at element %llu, beyond 2^53: "
-                         "remat keeps integers as float64 and cannot hold it exactly", path, e->name, dt,
-                         (long long)sv, ULL(done + i + 1));
+        v = size == 8 ? (int64_t)u : (int64_t)((u ^ sign) - sign);
       } else {
-        v = (double)u;
-        if (u > (uint64_t)exact)
-          return rm_fail(ctx, RM_ERR_DTYPE, "%s: tensor '%s' (%s) holds %llu at element %llu, beyond 2^53: "
-                         "remat keeps integers as float64 and cannot hold it exactly", path, e->name, dt,
-                         ULL(u), ULL(done + i + 1));
+        if (u > (uint64_t)INT64_MAX)
+          return rm_fail(ctx, RM_ERR_DTYPE, "%s: tensor '%s' (%s) holds %llu at element %llu, beyond int64's range",
+                         path, e->name, dt, ULL(u), ULL(done + i + 1));
+        v = (int64_t)u;
       }
-      dst[done + i] = v;
+      rm_store_i64(dst, t->dtype, (int64_t)(done + i), v);
     }
     done += k;
   }

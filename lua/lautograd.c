@@ -18,6 +18,9 @@ static int l_requires_grad(lua_State *L) {
   if (!flag && t->grad_fn)
     return rm_lua_errorf(L, "requires_grad: cannot switch off grad on a tensor computed by %s (use detach)",
                          rm_op_name(t->grad_fn->op));
+  if (flag && rm_dtype_is_int(t->dtype))
+    return rm_lua_errorf(L, "requires_grad: an %s tensor cannot require grad (only float tensors have gradients)",
+                         rm_dtype_name(t->dtype));
   t->requires_grad = flag;
   lua_settop(L, 1);
   return 1;
@@ -93,7 +96,7 @@ static int l_set_rng_state(lua_State *L) {
 }
 
 /* C.op_list() -> { {name=, id=, nin=, nout=, nvis=, differentiable=, internal=, view=, random=,
- * attrs = { {name=, type=}, ... }}, ... }: attrs as core/ops.def declares them (type:
+ * index_inputs=, index_outputs=, attrs = { {name=, type=}, ... }}, ... }: attrs as core/ops.def declares them (type:
  * "int", "bool", "real" or "shape"). */
 static int l_op_list(lua_State *L) {
   lua_newtable(L);
@@ -134,6 +137,18 @@ static int l_op_list(lua_State *L) {
       lua_setfield(L, -2, "view");
       lua_pushboolean(L, (d->flags & RM_OPF_RANDOM) != 0);
       lua_setfield(L, -2, "random");
+      /* 1-based positions of the index inputs / outputs (rm_op_def.index_in/out) */
+      const unsigned masks[2] = { d->index_in, d->index_out };
+      const char *const keys[2] = { "index_inputs", "index_outputs" };
+      for (int m = 0; m < 2; m++) {
+        lua_newtable(L);
+        for (int k = 0, n = 0; k < 32; k++)
+          if ((masks[m] >> k) & 1u) {
+            lua_pushinteger(L, k + 1);
+            lua_rawseti(L, -2, ++n);
+          }
+        lua_setfield(L, -2, keys[m]);
+      }
     }
     lua_rawseti(L, -2, i + 1);
   }

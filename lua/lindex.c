@@ -24,9 +24,9 @@ static int l_at(lua_State *L) {
   int64_t off = 0;
   for (int d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
   const void *p = rm_tensor_ptr(t);
-  double v = t->dtype == RM_F64 ? ((const double *)p)[off] : ((const float *)p)[off];
+  if (rm_dtype_is_int(t->dtype)) lua_pushinteger(L, (lua_Integer)rm_load_i64(p, t->dtype, off));
+  else lua_pushnumber(L, rm_load_f64(p, t->dtype, off));
   rm_tensor_drop(rm_lua_ctx(L), t);
-  lua_pushnumber(L, v);
   return 1;
 }
 
@@ -47,19 +47,16 @@ static void assign(lua_State *L, rm_tensor *dst, int vidx, const char *fn) {
   if (dst->device != RM_CPU)
     rm_lua_errorf(L, "%s: writing into a %s tensor is not supported yet (write on the cpu, then move it)", fn,
                   rm_device_name(dst->device));
-  if (dst->dtype != RM_F32 && dst->dtype != RM_F64)
+  if (dst->dtype == RM_BF16 || dst->dtype == RM_F16)
     rm_lua_errorf(L, "%s: writing into a %s tensor is not supported", fn, rm_dtype_name(dst->dtype));
   if (rm_tensor_host_ready(ctx, dst)) rm_lua_fail(L, fn);
   int64_t n = rm_tensor_numel(dst);
   char *pd = rm_tensor_ptr(dst);
   rm_tensor_written(dst);
   if (lua_type(L, vidx) == LUA_TNUMBER) {
-    double v = lua_tonumber(L, vidx);
-    for (int64_t i = 0; i < n; i++) {
-      int64_t o = geo_offset(dst->ndim, dst->shape, dst->stride, i);
-      if (dst->dtype == RM_F64) ((double *)pd)[o] = v;
-      else ((float *)pd)[o] = (float)v;
-    }
+    if (n > 0) rm_lua_store_number(L, pd, dst->dtype, geo_offset(dst->ndim, dst->shape, dst->stride, 0), vidx, fn);
+    for (int64_t i = 1; i < n; i++)
+      rm_lua_store_number(L, pd, dst->dtype, geo_offset(dst->ndim, dst->shape, dst->stride, i), vidx, fn);
     return;
   }
   rm_ltensor *b = luaL_testudata(L, vidx, RM_TENSOR_MT);
@@ -69,8 +66,11 @@ static void assign(lua_State *L, rm_tensor *dst, int vidx, const char *fn) {
   char s1[96], s2[96];
   if (src->device != RM_CPU)
     rm_lua_errorf(L, "%s: the value is on %s but the target is on cpu", fn, rm_device_name(src->device));
-  if (src->dtype != RM_F32 && src->dtype != RM_F64)
+  if (src->dtype == RM_BF16 || src->dtype == RM_F16)
     rm_lua_errorf(L, "%s: cannot read a %s tensor on the cpu", fn, rm_dtype_name(src->dtype));
+  if (rm_dtype_is_int(dst->dtype) && !rm_dtype_is_int(src->dtype))
+    rm_lua_errorf(L, "%s: cannot write %s values into a %s tensor (convert them with :to('%s') first)", fn,
+                  rm_dtype_name(src->dtype), rm_dtype_name(dst->dtype), rm_dtype_name(dst->dtype));
   /* broadcast src to dst's shape: stride 0 on new and size-1 dimensions */
   /* leading size-1 dimensions of src beyond dst's are dropped (x[i] = t{{v}} works) */
   int skip = 0;
@@ -102,9 +102,8 @@ static void assign(lua_State *L, rm_tensor *dst, int vidx, const char *fn) {
   for (int64_t i = 0; i < n; i++) {
     int64_t od = geo_offset(dst->ndim, dst->shape, dst->stride, i);
     int64_t os = geo_offset(dst->ndim, dst->shape, st, i);
-    double v = src->dtype == RM_F64 ? ((const double *)ps)[os] : ((const float *)ps)[os];
-    if (dst->dtype == RM_F64) ((double *)pd)[od] = v;
-    else ((float *)pd)[od] = (float)v;
+    if (rm_dtype_is_int(dst->dtype)) rm_store_i64(pd, dst->dtype, od, rm_load_i64(ps, src->dtype, os));
+    else rm_store_f64(pd, dst->dtype, od, rm_load_f64(ps, src->dtype, os));
   }
   if (tmp) rm_tensor_drop(ctx, tmp);
 }
@@ -181,7 +180,8 @@ static int table_index(lua_State *L, rm_tensor *t, int kidx, int64_t *idx, const
   return n;
 }
 
-/* The element of t at the 0-based indices idx[0..ndim-1], pushed as a Lua number. */
+/* The element of t at the 0-based indices idx[0..ndim-1], pushed as a Lua number (an
+ * integer for an int32/int64 tensor). */
 static int push_element(lua_State *L, rm_tensor *t, const int64_t *idx, const char *fn) {
   rm_ctx *ctx = rm_lua_ctx(L);
   if (rm_tensor_host_ready(ctx, t)) return rm_lua_fail(L, fn);
@@ -191,7 +191,7 @@ static int push_element(lua_State *L, rm_tensor *t, const int64_t *idx, const ch
   if (!v) return rm_lua_fail(L, fn);
   rm_lua_push_tensor(L, v, fn);   /* owned by Lua: released even if reading raises */
   rm_tensor *c = rm_lua_on_cpu(L, v, fn);
-  lua_pushnumber(L, rm_lua_elem(c, 0));
+  rm_lua_push_elem(L, c, 0);
   rm_tensor_drop(ctx, c);
   return 1;
 }

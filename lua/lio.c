@@ -125,8 +125,8 @@ static int l_read_idx(lua_State *L) {
 static void read_rows(lua_State *L, int idx, int64_t start, int64_t count, int64_t *rows, const char *fn) {
   rm_tensor *t = rm_lua_test_tensor(L, idx);
   if (t) {
-    if (t->device != RM_CPU || t->ndim != 1 || (t->dtype != RM_F32 && t->dtype != RM_F64))
-      rm_lua_errorf(L, "%s: indices must be a 1-D float CPU tensor or a table", fn);
+    if (t->device != RM_CPU || t->ndim != 1 || t->dtype == RM_BF16 || t->dtype == RM_F16)
+      rm_lua_errorf(L, "%s: indices must be a 1-D int64, int32, float32 or float64 CPU tensor, or a table", fn);
     if (start + count - 1 > t->shape[0])
       rm_lua_errorf(L, "%s: entries %d..%d are past the %d indices", fn, (int)start, (int)(start + count - 1),
                     (int)t->shape[0]);
@@ -134,7 +134,11 @@ static void read_rows(lua_State *L, int idx, int64_t start, int64_t count, int64
     const char *p = rm_tensor_ptr(t);
     for (int64_t k = 0; k < count; k++) {
       int64_t at = (start - 1 + k) * t->stride[0];
-      double v = t->dtype == RM_F64 ? ((const double *)p)[at] : ((const float *)p)[at];
+      if (rm_dtype_is_int(t->dtype)) {
+        rows[k] = rm_load_i64(p, t->dtype, at) - 1;
+        continue;
+      }
+      double v = rm_load_f64(p, t->dtype, at);
       if (v != (double)(int64_t)v) rm_lua_errorf(L, "%s: index %g is not an integer", fn, v);
       rows[k] = (int64_t)v - 1;
     }

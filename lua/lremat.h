@@ -42,7 +42,13 @@ void rm_lua_read_attrs(lua_State *L, int idx, rm_op_id op, rm_attrs *a, const ch
 /* A CPU float tensor with t's data: t held, or a copy (bfloat16 widened); raises. */
 rm_tensor *rm_lua_on_cpu(lua_State *L, rm_tensor *t, const char *fn);
 /* Element i (row-major over the view) of a CPU float32/float64 tensor. */
-double rm_lua_elem(const rm_tensor *t, int64_t i);
+/* Pushes element i (row-major over the view) of a CPU tensor: a Lua integer for an
+ * int32/int64 tensor, a float otherwise. */
+void rm_lua_push_elem(lua_State *L, const rm_tensor *t, int64_t i);
+/* Writes Lua number/integer value v (at stack index vidx) as element off of host data p
+ * of dtype dt: an integer dtype takes a whole value truncated toward zero; NaN, an
+ * infinity or a value outside its range raises (naming fn). */
+void rm_lua_store_number(lua_State *L, void *p, rm_dtype dt, int64_t off, int vidx, const char *fn);
 
 /* Registration of each binding file's functions into the C table at -1. */
 void rm_lua_open_tensor(lua_State *L);

@@ -249,7 +249,7 @@ static rm_dtype check_dtype(lua_State *L, int idx, rm_dtype def, const char *fn)
   const char *s = luaL_checkstring(L, idx);
   rm_dtype d;
   if (rm_dtype_parse(s, &d)) return d;
-  rm_lua_errorf(L, "%s: unknown dtype '%s' (float32, float64, bfloat16, float16)", fn, s);
+  rm_lua_errorf(L, "%s: unknown dtype '%s' (float32, float64, bfloat16, float16, int32, int64)", fn, s);
   return RM_F32;
 }
 
@@ -297,7 +297,7 @@ static int l_from_table(lua_State *L) {
   int64_t shape[RM_MAX_DIM];
   int n = check_shape(L, 2, shape, "remat.tensor");
   rm_dtype dt = check_dtype(L, 3, RM_F32, "remat.tensor");
-  if (dt != RM_F32 && dt != RM_F64)
+  if (dt == RM_BF16 || dt == RM_F16)
     return rm_lua_errorf(L, "remat.tensor: %s tensors cannot be filled on the cpu (make a float32 one and convert it with :to)",
                          rm_dtype_name(dt));
   rm_ctx *ctx = rm_lua_ctx(L);
@@ -308,31 +308,42 @@ static int l_from_table(lua_State *L) {
     rm_tensor_drop(ctx, t);
     return rm_lua_errorf(L, "remat.tensor: %d values for %d elements", (int)luaL_len(L, 1), (int)numel);
   }
+  rm_lua_push_tensor(L, t, "remat.tensor"); /* owned by Lua: released if an element raises */
   for (int64_t i = 0; i < numel; i++) {
     lua_rawgeti(L, 1, i + 1);
-    int ok;
-    double v = lua_tonumberx(L, -1, &ok);
-    lua_pop(L, 1);
-    if (!ok) {
-      rm_tensor_drop(ctx, t);
+    if (lua_type(L, -1) != LUA_TNUMBER)
       return rm_lua_errorf(L, "remat.tensor: element %d is not a number", (int)(i + 1));
-    }
-    if (dt == RM_F64) ((double *)rm_tensor_ptr(t))[i] = v;
-    else ((float *)rm_tensor_ptr(t))[i] = (float)v;
+    rm_lua_store_number(L, rm_tensor_ptr(t), dt, i, -1, "remat.tensor");
+    lua_pop(L, 1);
   }
-  rm_lua_push_tensor(L, t, "remat.tensor");
   return 1;
 }
 
-/* Reads element i (row-major over the view) of a CPU tensor. */
-double rm_lua_elem(const rm_tensor *t, int64_t i) {
+void rm_lua_push_elem(lua_State *L, const rm_tensor *t, int64_t i) {
   int64_t off = 0;
   for (int d = t->ndim - 1; d >= 0; d--) {
     off += (i % t->shape[d]) * t->stride[d];
     i /= t->shape[d];
   }
-  if (t->dtype == RM_F64) return ((const double *)rm_tensor_ptr(t))[off];
-  return ((const float *)rm_tensor_ptr(t))[off];
+  if (rm_dtype_is_int(t->dtype)) lua_pushinteger(L, (lua_Integer)rm_load_i64(rm_tensor_ptr(t), t->dtype, off));
+  else lua_pushnumber(L, rm_load_f64(rm_tensor_ptr(t), t->dtype, off));
+}
+
+void rm_lua_store_number(lua_State *L, void *p, rm_dtype dt, int64_t off, int vidx, const char *fn) {
+  if (!rm_dtype_is_int(dt)) {
+    rm_store_f64(p, dt, off, lua_tonumber(L, vidx));
+    return;
+  }
+  int64_t v;
+  if (lua_isinteger(L, vidx)) {
+    v = (int64_t)lua_tointeger(L, vidx);
+    if (dt == RM_I32 && (v < INT32_MIN || v > INT32_MAX))
+      rm_lua_errorf(L, "%s: %I does not fit in int32", fn, (lua_Integer)v);
+  } else if (!rm_float_to_int(lua_tonumber(L, vidx), dt, &v)) {
+    rm_lua_errorf(L, "%s: %s has no %s value (NaN, infinite or out of range)", fn, lua_tostring(L, vidx),
+                  rm_dtype_name(dt));
+  }
+  rm_store_i64(p, dt, off, v);
 }
 
 /* A CPU float tensor with the data of t: t itself (held) when it already is one, else a
@@ -373,7 +384,7 @@ static int l_flat(lua_State *L) {
   int64_t n = rm_tensor_numel(t);
   lua_createtable(L, (int)n, 0);
   for (int64_t i = 0; i < n; i++) {
-    lua_pushnumber(L, rm_lua_elem(t, i));
+    rm_lua_push_elem(L, t, i);
     lua_rawseti(L, -2, i + 1);
   }
   rm_tensor_drop(rm_lua_ctx(L), t);
@@ -389,7 +400,7 @@ static int l_item(lua_State *L) {
                          rm_tensor_shape_str(t, s, sizeof s));
   }
   t = rm_lua_on_cpu(L, t, "item");
-  lua_pushnumber(L, rm_lua_elem(t, 0));
+  rm_lua_push_elem(L, t, 0);
   rm_tensor_drop(rm_lua_ctx(L), t);
   return 1;
 }
@@ -440,18 +451,28 @@ static int l_arange(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 3);
   rm_dtype dt = check_dtype(L, 4, RM_F32, "remat.arange");
   if (n < 0) n = 0;
-  if (dt != RM_F32 && dt != RM_F64)
+  if (dt == RM_BF16 || dt == RM_F16)
     return rm_lua_errorf(L, "remat.arange: %s is not supported on the cpu", rm_dtype_name(dt));
+  /* an integer range is computed in integers (exact beyond 2^53) */
+  bool ints = rm_dtype_is_int(dt) && lua_isinteger(L, 1) && lua_isinteger(L, 2);
+  if (rm_dtype_is_int(dt) && !ints)
+    return rm_lua_errorf(L, "remat.arange: an %s range needs whole-number start and step", rm_dtype_name(dt));
   int64_t shape[1] = { n };
   rm_tensor *t = rm_tensor_new(rm_lua_ctx(L), dt, RM_CPU, 1, shape, rm_lua_ctx(L)->category);
   if (!t) return rm_lua_fail(L, "remat.arange");
-  void *p = rm_tensor_ptr(t);
-  for (int64_t i = 0; i < n; i++) {
-    double v = start + (double)i * step;
-    if (dt == RM_F64) ((double *)p)[i] = v;
-    else ((float *)p)[i] = (float)v;
-  }
   rm_lua_push_tensor(L, t, "remat.arange");
+  void *p = rm_tensor_ptr(t);
+  lua_Integer i0 = ints ? lua_tointeger(L, 1) : 0, di = ints ? lua_tointeger(L, 2) : 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (ints) {
+      int64_t v = (int64_t)((uint64_t)i0 + (uint64_t)i * (uint64_t)di);
+      if (dt == RM_I32 && (v < INT32_MIN || v > INT32_MAX))
+        return rm_lua_errorf(L, "remat.arange: %I does not fit in int32", (lua_Integer)v);
+      rm_store_i64(p, dt, i, v);
+    } else {
+      rm_store_f64(p, dt, i, start + (double)i * step);
+    }
+  }
   return 1;
 }
 

@@ -54,6 +54,7 @@ describe("fashion_mnist", function()
     assert.equal(60000, #ds)
     assert.same({ 60000, 784 }, shape(ds.x))
     assert.same({ 60000 }, shape(ds.y))
+    assert.equal("int64", ds.y:dtype())
     local count = {}
     for _, v in ipairs(C.flat(ds.y)) do
       assert(math.tointeger(v) and v >= 1 and v <= 10, "bad label " .. v)
@@ -152,6 +153,10 @@ describe("IDX files", function()
     for i = 1, 6 do assert.near(want[i], v[i], 1e-6) end
     write(dir .. "/lab", string.pack(">I4I4", 0x801, 3) .. "\0\9\4")
     assert.same({ 1, 10, 5 }, C.flat(C.read_idx(dir .. "/lab")))
+    -- labels are int64 class indices (Lua integers when read); images float32
+    assert.equal("int64", select(2, C.info(C.read_idx(dir .. "/lab"))))
+    assert.equal("integer", math.type(C.flat(C.read_idx(dir .. "/lab"))[2]))
+    assert.equal("float32", select(2, C.info(x)))
     if os.execute("command -v gzip >/dev/null") then
       assert(os.execute("gzip -k '" .. dir .. "/lab'"))
       assert.same({ 1, 10, 5 }, C.flat(C.read_idx(dir .. "/lab.gz")))

@@ -283,18 +283,44 @@ describe("safetensors reader", function()
     load_error(p, "dtype F8_E4M3", "cannot load")
   end)
 
-  it("loads integers and booleans as float64 index values, and refuses int64 beyond 2^53", function()
+  it("loads integers and booleans as int64/int32 (I64, U32, U64: int64; the narrower: int32), exactly", function()
     local p = dir .. "/x.safetensors"
-    craft(p, '{"a":{"dtype":"I64","shape":[3],"data_offsets":[0,24]},"b":{"dtype":"I16","shape":[2],"data_offsets":[24,28]}}',
-          string.pack("<i8i8i8i2i2", -7, 0, 1 << 53, -32768, 300))
+    craft(p, '{"a":{"dtype":"I64","shape":[4],"data_offsets":[0,32]},"b":{"dtype":"I16","shape":[2],"data_offsets":[32,36]}}',
+          string.pack("<i8i8i8i8i2i2", -7, 0, (1 << 53) + 1, math.mininteger, -32768, 300))
     local t = C.load(p)
-    assert.equal("float64", dtype(t.a))
-    assert.same({ -7, 0, 2 ^ 53 }, C.flat(t.a))
+    assert.equal("int64", dtype(t.a))
+    assert.equal("int32", dtype(t.b))
+    assert.same({ -7, 0, (1 << 53) + 1, math.mininteger }, C.flat(t.a))
+    assert.equal("integer", math.type(C.flat(t.a)[3]))
     assert.same({ -32768, 300 }, C.flat(t.b))
-    craft(p, '{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}', string.pack("<i8", (1 << 53) + 1))
-    load_error(p, "tensor 'a' (I64) holds 9007199254740993", "beyond 2^53")
+    craft(p, '{"a":{"dtype":"U32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}}',
+          string.pack("<I4BB", 0xffffffff, 255, 0))
+    t = C.load(p)
+    assert.equal("int64", dtype(t.a))
+    assert.same({ 0xffffffff }, C.flat(t.a))
+    assert.equal("int32", dtype(t.b))
+    assert.same({ 255, 0 }, C.flat(t.b))
     craft(p, '{"a":{"dtype":"U64","shape":[1],"data_offsets":[0,8]}}', string.pack("<i8", -1))
-    load_error(p, "tensor 'a' (U64)", "beyond 2^53")
+    load_error(p, "tensor 'a' (U64) holds 18446744073709551615", "beyond int64's range")
+  end)
+
+  it("saves int32 and int64 as I32 and I64, and reads them back bit for bit (views too)", function()
+    local p = dir .. "/ints.safetensors"
+    local a = remat.tensor({ { 1, -2, math.maxinteger }, { math.mininteger, 0, 5 } }, "int64")
+    local b = remat.tensor({ 2147483647, -2147483648, 0 }, "int32")
+    C.save(p, { a = a, at = a:t(), b = b, one = remat.tensor({ { 9 } }, "int64") })
+    local f = io.open(p, "rb")
+    local header = f:read(8 + string.unpack("<I8", f:read(8)))
+    f:close()
+    assert.truthy(header:find('"dtype":"I64"', 1, true))
+    assert.truthy(header:find('"dtype":"I32"', 1, true))
+    local t = C.load(p)
+    assert.equal("int64", dtype(t.a))
+    assert.same(C.flat(a), C.flat(t.a))
+    assert.same({ 1, math.mininteger, -2, 0, math.maxinteger, 5 }, C.flat(t.at))
+    assert.equal("int32", dtype(t.b))
+    assert.same({ 2147483647, -2147483648, 0 }, C.flat(t.b))
+    assert.same({ 1, 1 }, shape(t.one))
   end)
 
   it("rejects a huge or impossible header length without allocating it", function()
@@ -431,8 +457,9 @@ print('ok')
   -- safetensors library, PyTorch's writer); the spec also regenerates it when it can.
   local function check_int_file(path)
     local t = C.load(path)
-    for _, k in ipairs { "labels", "ids", "pixels", "mask" } do assert.equal("float64", dtype(t[k])) end
-    assert.same({ 3, 0, 9, -2, 2 ^ 53 }, C.flat(t.labels))
+    assert.equal("int64", dtype(t.labels))
+    for _, k in ipairs { "ids", "pixels", "mask" } do assert.equal("int32", dtype(t[k])) end
+    assert.same({ 3, 0, 9, -2, 1 << 53 }, C.flat(t.labels))
     assert.same({ 2, 3 }, shape(t.ids))
     assert.same({ 1, 2, 3, -4, 5, 2147483647 }, C.flat(t.ids))
     assert.same({ 0, 17, 255 }, C.flat(t.pixels))
@@ -445,6 +472,47 @@ print('ok')
 
   it("loads the int64/int32/uint8/bool tensors of a file the Python library wrote (committed fixture)", function()
     check_int_file("spec/fixtures/int_tensors.safetensors")
+  end)
+
+  -- torch_int64.safetensors was written by spec/fixtures/make_torch_int64.py (PyTorch's
+  -- safetensors.torch.save_file, in /work/venv-torch).
+  it("loads the int64 tensors PyTorch wrote (committed fixture): values, dtypes, shapes", function()
+    local t = C.load("spec/fixtures/torch_int64.safetensors")
+    assert.equal("int64", dtype(t.labels))
+    assert.same({ 3, 0, 9, -2, 7 }, C.flat(t.labels))
+    assert.equal("int64", dtype(t.ids))
+    assert.same({ 2, 3 }, shape(t.ids))
+    assert.same({ 1, 2, 3, -4, 5, (1 << 62) + 1 }, C.flat(t.ids))
+    assert.equal((1 << 62) + 1, t.ids[2][3])
+    assert.equal("integer", math.type(t.ids[2][3]))
+    assert.same({ 3, 2 }, shape(t.ids_t))
+    assert.same({ 1, -4, 2, 5, 3, (1 << 62) + 1 }, C.flat(t.ids_t))
+    assert.equal("int32", dtype(t.small))
+    assert.same({ 1, 1 }, shape(t.small))
+    assert.equal("float32", dtype(t.weight))
+    -- the labels work as labels as they are
+    local logits = remat.zeros(5, 10, "float64")
+    local lab = t.labels:narrow(1, 1, 3) + 1 -- 4, 1, 10
+    assert.equal("int64", lab:dtype())
+    assert.is_true(math.abs(remat.nn.cross_entropy(logits:narrow(1, 1, 3), lab):item() - math.log(10)) < 1e-12)
+  end)
+
+  it("round-trips PyTorch's int64 file: remat saves what it loaded, PyTorch reads the same values", function()
+    local t = C.load("spec/fixtures/torch_int64.safetensors")
+    local p = dir .. "/torch_rt.safetensors"
+    C.save(p, t)
+    local r = C.load(p)
+    for k, v in pairs(t) do
+      assert.equal(dtype(v), dtype(r[k]))
+      assert.same(C.flat(v), C.flat(r[k]))
+    end
+    local py = "/work/venv-torch/bin/python"
+    if not io.open(py) or os.execute(py .. " -c 'import safetensors.torch' >/dev/null 2>&1") ~= true then
+      pending("no PyTorch with safetensors at " .. py) return
+    end
+    local out = io.popen(py .. " -c \"import sys; from safetensors.torch import load_file; t = load_file(sys.argv[1]); " ..
+      "print(t['ids'].dtype, t['ids'].tolist(), t['small'].dtype)\" '" .. p .. "' 2>&1"):read("a")
+    assert.equal("torch.int64 [[1, 2, 3], [-4, 5, 4611686018427387905]] torch.int32\n", out)
   end)
 
   it("loads a freshly written Python int64 file", function()

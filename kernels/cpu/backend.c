@@ -29,7 +29,12 @@ const rm_backend rm_cpu_backend = {
   .from_host = cpu_copy,
   .synchronize = cpu_sync,
   .runtime_info = rm_cpu_runtime_info,
-  .supports_dtype = { [RM_F32] = true, [RM_F64] = true },
+  .supports_dtype = { [RM_F32] = true, [RM_F64] = true, [RM_I32] = true, [RM_I64] = true },
+  .int_ops = { [RM_OP_ADD] = true, [RM_OP_SUB] = true, [RM_OP_MUL] = true, [RM_OP_NEG] = true,
+               [RM_OP_ABS] = true, [RM_OP_ADD_SCALAR] = true, [RM_OP_MUL_SCALAR] = true,
+               [RM_OP_EQ] = true, [RM_OP_NE] = true, [RM_OP_LT] = true, [RM_OP_LE] = true,
+               [RM_OP_GT] = true, [RM_OP_GE] = true, [RM_OP_WHERE] = true, [RM_OP_COPY] = true,
+               [RM_OP_CAST] = true, [RM_OP_FILL] = true, [RM_OP_SUM] = true, [RM_OP_CONCAT] = true },
   .flops_per_byte = 8.0, /* ~200 GFLOP/s of GEMM over ~25 GB/s of streaming, 2 cores */
   .kernel = {
 #define X(ID, name, family, set) RM_IF_KERNEL(family, [RM_OP_##ID] = rm_cpu_##name,)

@@ -71,19 +71,23 @@ void rm_cpu_gemm(rm_ctx *ctx, rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64
 #define RM_CPU_PAR_MIN 32768
 
 /* The data of a tensor of index values (gather/index_select/embedding indices,
- * cross_entropy labels: 1-based whole numbers), whichever of its two float dtypes. */
-typedef struct { const float *f; const double *d; } rm_cpu_indices;
+ * cross_entropy labels: 1-based), whichever of its four dtypes (int64, int32, or whole
+ * numbers in float32/float64). */
+typedef struct { const void *p; rm_dtype dt; } rm_cpu_indices;
 
 static inline rm_cpu_indices rm_cpu_indices_of(const rm_tensor *t) {
-  rm_cpu_indices p = { NULL, NULL };
-  if (t->dtype == RM_F64) p.d = rm_tensor_ptr(t);
-  else p.f = rm_tensor_ptr(t);
+  rm_cpu_indices p = { rm_tensor_ptr(t), t->dtype };
   return p;
 }
 
 /* 0-based position held at k (valid once rm_cpu_check_indices passed). */
 static inline int64_t rm_cpu_index_at(rm_cpu_indices p, int64_t k) {
-  return (int64_t)(p.d ? p.d[k] : (double)p.f[k]) - 1;
+  switch (p.dt) {
+  case RM_I64: return ((const int64_t *)p.p)[k] - 1;
+  case RM_I32: return (int64_t)((const int32_t *)p.p)[k] - 1;
+  case RM_F64: return (int64_t)((const double *)p.p)[k] - 1;
+  default: return (int64_t)((const float *)p.p)[k] - 1;
+  }
 }
 
 /* Checks that each value of idx is a whole number in 1..size, so that kernels never
@@ -97,9 +101,17 @@ static inline int rm_cpu_check_indices(rm_ctx *ctx, const char *op, const char *
   rm_cpu_indices p = rm_cpu_indices_of(idx);
   int64_t n = rm_tensor_numel(idx);
   for (int64_t k = 0; k < n; k++) {
-    double v = p.d ? p.d[k] : (double)p.f[k];
-    if (v >= 1 && v <= (double)size && v == floor(v)) continue;
     char where[64];
+    if (rm_dtype_is_int(p.dt)) {
+      int64_t v = rm_cpu_index_at(p, k) + 1;
+      if (v >= 1 && v <= size) continue;
+      if (dim >= 0) snprintf(where, sizeof where, "dimension %d, %s %lld", dim + 1, pos, (long long)k + 1);
+      else snprintf(where, sizeof where, "%s %lld", pos, (long long)k + 1);
+      return rm_fail(ctx, RM_ERR_ARG, "%s: %s %lld is out of range 1..%lld (%s)", op, what, (long long)v,
+                     (long long)size, where);
+    }
+    double v = p.dt == RM_F64 ? ((const double *)p.p)[k] : (double)((const float *)p.p)[k];
+    if (v >= 1 && v <= (double)size && v == floor(v)) continue;
     if (dim >= 0) snprintf(where, sizeof where, "dimension %d, %s %lld", dim + 1, pos, (long long)k + 1);
     else snprintf(where, sizeof where, "%s %lld", pos, (long long)k + 1);
     if (v != v) v = NAN; /* print "nan", not "-nan" */

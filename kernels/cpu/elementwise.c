@@ -335,38 +335,64 @@ static bool fm_run(rm_tensor *const *in, int nin, rm_tensor *const *out, int cos
     return RM_OK;                                                                      \
   }
 
-DEFINE_EW(add, LOOP2, a_ + b_, 1)
-DEFINE_EW(sub, LOOP2, a_ - b_, 1)
-DEFINE_EW(mul, LOOP2, a_ * b_, 1)
+/* The same over float32, float64, int32 and int64 (the ops the backend lists in
+ * int_ops). IEXPR is the integer form: sums and products go through uint64_t, so that
+ * overflow wraps around (two's complement, as PyTorch's integers do) instead of being
+ * undefined; a scalar s_ is a whole number (the op's infer step checked). */
+#define DEFINE_EW_INT(name, LOOP, EXPR, IEXPR, COST)                                   \
+  RM_CPU_KERNEL(name) {                                                                \
+    if (out[0]->dtype == RM_I64) {                                                     \
+      const int64_t s_ = (int64_t)a->scalar.value; (void)s_;                           \
+      LOOP(int64_t, IEXPR, COST);                                                      \
+    } else if (out[0]->dtype == RM_I32) {                                              \
+      const int32_t s_ = (int32_t)a->scalar.value; (void)s_;                           \
+      LOOP(int32_t, IEXPR, COST);                                                      \
+    } else if (out[0]->dtype == RM_F64) {                                              \
+      const double s_ = a->scalar.value; (void)s_;                                     \
+      LOOP(double, EXPR, COST);                                                        \
+    } else if (out[0]->dtype == RM_F32) {                                              \
+      const float s_ = (float)a->scalar.value; (void)s_;                               \
+      LOOP(float, EXPR, COST);                                                         \
+    } else {                                                                           \
+      return rm_fail(ctx, RM_ERR_DTYPE, #name ": cpu does not support %s",             \
+                     rm_dtype_name(out[0]->dtype));                                    \
+    }                                                                                  \
+    return RM_OK;                                                                      \
+  }
+#define WRAP(x) ((uint64_t)(int64_t)(x))
+
+DEFINE_EW_INT(add, LOOP2, a_ + b_, WRAP(a_) + WRAP(b_), 1)
+DEFINE_EW_INT(sub, LOOP2, a_ - b_, WRAP(a_) - WRAP(b_), 1)
+DEFINE_EW_INT(mul, LOOP2, a_ * b_, WRAP(a_) * WRAP(b_), 1)
 DEFINE_EW(div, LOOP2, a_ / b_, 1)
 DEFINE_EW(pow, LOOP2, pow(a_, b_), 16)
 DEFINE_EW(maximum, LOOP2, MAXIMUM(a_, b_), 1)
-DEFINE_EW(eq, LOOP2, a_ == b_, 1)
-DEFINE_EW(ne, LOOP2, a_ != b_, 1)
-DEFINE_EW(lt, LOOP2, a_ < b_, 1)
-DEFINE_EW(le, LOOP2, a_ <= b_, 1)
-DEFINE_EW(gt, LOOP2, a_ > b_, 1)
-DEFINE_EW(ge, LOOP2, a_ >= b_, 1)
+DEFINE_EW_INT(eq, LOOP2, a_ == b_, a_ == b_, 1)
+DEFINE_EW_INT(ne, LOOP2, a_ != b_, a_ != b_, 1)
+DEFINE_EW_INT(lt, LOOP2, a_ < b_, a_ < b_, 1)
+DEFINE_EW_INT(le, LOOP2, a_ <= b_, a_ <= b_, 1)
+DEFINE_EW_INT(gt, LOOP2, a_ > b_, a_ > b_, 1)
+DEFINE_EW_INT(ge, LOOP2, a_ >= b_, a_ >= b_, 1)
 /* (x, g) -> g f'(x) */
 DEFINE_EW_FAST(gelu_backward, LOOP2, b_ * GELU_GRAD(a_), 16, fm_run(in, 2, out, 16, NULL, map2_rm_gelu_gradf))
 DEFINE_EW_FAST(silu_backward, LOOP2, b_ * SILU_GRAD(a_), 8, fm_run(in, 2, out, 8, NULL, map2_rm_silu_gradf))
 /* cond != 0 picks a (a NaN cond counts as true, being != 0) */
-DEFINE_EW(where, LOOP3, c_ != 0 ? a_ : b_, 1)
+DEFINE_EW_INT(where, LOOP3, c_ != 0 ? a_ : b_, c_ != 0 ? a_ : b_, 1)
 
-DEFINE_EW(add_scalar, LOOP1, a_ + s_, 1)
-DEFINE_EW(mul_scalar, LOOP1, a_ * s_, 1)
+DEFINE_EW_INT(add_scalar, LOOP1, a_ + s_, WRAP(a_) + WRAP(s_), 1)
+DEFINE_EW_INT(mul_scalar, LOOP1, a_ * s_, WRAP(a_) * WRAP(s_), 1)
 DEFINE_EW(rdiv_scalar, LOOP1, s_ / a_, 1)
-DEFINE_EW(neg, LOOP1, -a_, 1)
+DEFINE_EW_INT(neg, LOOP1, -a_, 0 - WRAP(a_), 1)
 DEFINE_EW_FAST(exp, LOOP1, EXP(a_), 8, fm_run(in, 1, out, 8, map1_rm_expf, NULL))
 DEFINE_EW(log, LOOP1, log(a_), 8)
 DEFINE_EW_FAST(tanh, LOOP1, TANH(a_), 8, fm_run(in, 1, out, 8, map1_rm_tanhf, NULL))
 DEFINE_EW(sqrt, LOOP1, sqrt(a_), 2)
-DEFINE_EW(abs, LOOP1, fabs(a_), 1)
+DEFINE_EW_INT(abs, LOOP1, fabs(a_), a_ < 0 ? 0 - WRAP(a_) : WRAP(a_), 1)
 DEFINE_EW(relu, LOOP1, RELU(a_), 1)
 DEFINE_EW_FAST(gelu, LOOP1, GELU(a_), 16, fm_run(in, 1, out, 16, map1_rm_geluf, NULL))
 DEFINE_EW_FAST(silu, LOOP1, SILU(a_), 8, fm_run(in, 1, out, 8, map1_rm_siluf, NULL))
 DEFINE_EW_FAST(sigmoid, LOOP1, SIGMOID(a_), 8, fm_run(in, 1, out, 8, map1_rm_sigmoidf, NULL))
-DEFINE_EW(copy, LOOP1, a_, 1)
+DEFINE_EW_INT(copy, LOOP1, a_, a_, 1)
 
 /* x^s; squaring (the common case) is a multiply, which pow would round the same. */
 RM_CPU_KERNEL(pow_scalar) {
@@ -409,6 +435,19 @@ RM_CPU_KERNEL(fill) {
     const float v = (float)a->fill.value;
     _Pragma("omp parallel for simd if (parallel: par)")
     for (int64_t i = 0; i < n; i++) p[i] = v;
+  } else if (rm_dtype_is_int(out[0]->dtype)) {
+    int64_t v; /* the infer step checked that the value fits */
+    rm_float_to_int(a->fill.value, out[0]->dtype, &v);
+    if (out[0]->dtype == RM_I64) {
+      int64_t *p = rm_tensor_ptr(out[0]);
+      _Pragma("omp parallel for simd if (parallel: par)")
+      for (int64_t i = 0; i < n; i++) p[i] = v;
+    } else {
+      int32_t *p = rm_tensor_ptr(out[0]);
+      const int32_t v32 = (int32_t)v;
+      _Pragma("omp parallel for simd if (parallel: par)")
+      for (int64_t i = 0; i < n; i++) p[i] = v32;
+    }
   } else {
     return rm_fail(ctx, RM_ERR_DTYPE, "fill: cpu does not support %s", rm_dtype_name(out[0]->dtype));
   }
@@ -443,12 +482,46 @@ RM_CPU_KERNEL(fill) {
     }                                                                                  \
   } while (0)
 
+/* A float -> integer cast truncates toward zero (as PyTorch does); a NaN, an infinity
+ * or a value outside the integer type's range is an error naming the element (C leaves
+ * that conversion undefined), checked before anything is written. */
+#define CHECK_TO_INT(S)                                                                \
+  do {                                                                                 \
+    const S *p0 = rm_tensor_ptr(in[0]);                                                \
+    int64_t n = rm_tensor_numel(in[0]), bad = -1;                                      \
+    for (int64_t i = 0; i < n && bad < 0; i++) {                                       \
+      int64_t v;                                                                       \
+      if (!rm_float_to_int((double)p0[rm_cpu_offset(in[0], i)], to, &v)) bad = i;      \
+    }                                                                                  \
+    if (bad >= 0)                                                                      \
+      return rm_fail(ctx, RM_ERR_ARG, "cast: element %lld is %.17g, which has no %s value (NaN, "   \
+                     "infinite or out of range)", (long long)bad + 1,                  \
+                     p0[rm_cpu_offset(in[0], bad)] != p0[rm_cpu_offset(in[0], bad)] ? NAN \
+                     : (double)p0[rm_cpu_offset(in[0], bad)], rm_dtype_name(to));      \
+  } while (0)
+
+/* CAST_LOOP from source type S to every destination dtype. */
+#define CAST_FROM(S)                                                                   \
+  do {                                                                                 \
+    if (to == RM_F32) CAST_LOOP(S, float);                                             \
+    else if (to == RM_F64) CAST_LOOP(S, double);                                       \
+    else if (to == RM_I32) CAST_LOOP(S, int32_t);                                      \
+    else if (to == RM_I64) CAST_LOOP(S, int64_t);                                      \
+    else ok = false;                                                                   \
+  } while (0)
+
 RM_CPU_KERNEL(cast) {
   rm_dtype from = in[0]->dtype, to = out[0]->dtype;
   if (from == to) return rm_cpu_copy(ctx, nin, in, nout, out, a);
-  if (from == RM_F32 && to == RM_F64) CAST_LOOP(float, double);
-  else if (from == RM_F64 && to == RM_F32) CAST_LOOP(double, float);
-  else
+  bool ok = true;
+  if (rm_dtype_is_int(to) && from == RM_F32) CHECK_TO_INT(float);
+  if (rm_dtype_is_int(to) && from == RM_F64) CHECK_TO_INT(double);
+  if (from == RM_F32) CAST_FROM(float);
+  else if (from == RM_F64) CAST_FROM(double);
+  else if (from == RM_I32) CAST_FROM(int32_t);
+  else if (from == RM_I64) CAST_FROM(int64_t);
+  else ok = false;
+  if (!ok)
     return rm_fail(ctx, RM_ERR_DTYPE, "cast: cpu cannot convert %s to %s", rm_dtype_name(from),
                    rm_dtype_name(to));
   return RM_OK;

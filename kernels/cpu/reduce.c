@@ -177,9 +177,40 @@ static void dims_of(const rm_tensor *t, int64_t dim, bool *red) {
   for (int k = 0; k < t->ndim; k++) red[k] = d < 0 || k == d;
 }
 
+/* Integer sums: exact int64, wrapping around on overflow as PyTorch's do; one output
+ * element at a time over its summed positions, in order. */
+#define INT_SUM(T)                                                                  \
+  do {                                                                              \
+    const T *px = rm_tensor_ptr(x);                                                 \
+    _Pragma("omp parallel for if (nin > RM_CPU_PAR_MIN)")                           \
+    for (int64_t e = 0; e < nout; e++) {                                            \
+      int64_t base = geo_off(&g, kd, nk, e);                                        \
+      uint64_t acc = 0;                                                             \
+      for (int64_t q = 0; q < R; q++) acc += (uint64_t)(int64_t)px[base + geo_off(&g, rd, nr, q)]; \
+      po[e] = (int64_t)acc;                                                         \
+    }                                                                               \
+  } while (0)
+
+static int sum_int(const rm_tensor *x, rm_tensor *out, const bool *red) {
+  int64_t nin = rm_tensor_numel(x), nout = rm_tensor_numel(out);
+  int64_t *po = rm_tensor_ptr(out);
+  rgeo g;
+  geo_build(&g, x->ndim, x->shape, red);
+  int kd[RM_MAX_DIM], rd[RM_MAX_DIM], nk = 0, nr = 0;
+  int64_t R = nin ? 1 : 0;
+  for (int k = 0; k < g.m; k++) {
+    if (g.red[k]) rd[nr++] = k, R *= g.size[k];
+    else kd[nk++] = k;
+  }
+  if (x->dtype == RM_I32) INT_SUM(int32_t);
+  else INT_SUM(int64_t);
+  return RM_OK;
+}
+
 RM_CPU_KERNEL(sum) {
   bool red[RM_MAX_DIM];
   dims_of(in[0], a->reduce.dim, red);
+  if (rm_dtype_is_int(in[0]->dtype)) return sum_int(in[0], out[0], red);
   return sum_dims(in[0], out[0], red, 1.0);
 }
 
@@ -216,7 +247,7 @@ static void split3(const rm_tensor *t, int d, int64_t *outer, int64_t *n, int64_
  * dim a row at a time; along another dim BLK neighbouring columns at a time, so that
  * each step reads contiguous memory. */
 #define DEF_MAXCOL(T)                                                               \
-  static void maxcols_##T(const T *x, T *val, T *idx, int64_t outer, int64_t n,     \
+  static void maxcols_##T(const T *x, T *val, int64_t *idx, int64_t outer, int64_t n, \
                           int64_t inner) {                                          \
     if (n == 0) return;                                                             \
     int64_t nb = (inner + BLK - 1) / BLK;                                           \
@@ -237,7 +268,7 @@ static void split3(const rm_tensor *t, int d, int64_t *outer, int64_t *n, int64_
       }                                                                             \
       for (int64_t j = 0; j < jn; j++) {                                            \
         if (val) val[o * inner + j0 + j] = best[j];                                 \
-        if (idx) idx[o * inner + j0 + j] = (T)(bi[j] + 1);                          \
+        if (idx) idx[o * inner + j0 + j] = bi[j] + 1;                               \
       }                                                                             \
     }                                                                               \
   }

@@ -25,7 +25,7 @@ static cols columns(const rm_tensor *x, int64_t dim) {
 /* ---- min: first minimum; the first NaN wins ---- */
 
 #define DEF_MIN(T)                                                                      \
-  static void min_##T(const T *x, T *val, T *idx, cols c) {                             \
+  static void min_##T(const T *x, T *val, int64_t *idx, cols c) {                        \
     const int64_t m = c.outer * c.inner;                                                \
     _Pragma("omp parallel for if (m * c.n > RM_CPU_PAR_MIN)")                           \
     for (int64_t q = 0; q < m; q++) {                                                   \
@@ -37,7 +37,7 @@ static cols columns(const rm_tensor *x, int64_t dim) {
         if (v < best || v != v) { best = v; bi = k; }                                   \
       }                                                                                 \
       val[q] = best;                                                                    \
-      idx[q] = (T)(bi + 1);                                                             \
+      idx[q] = bi + 1;                                                                   \
     }                                                                                   \
   }
 DEF_MIN(float)
@@ -79,7 +79,7 @@ RM_CPU_KERNEL(min) {
     }                                                                                   \
   }                                                                                     \
   /* the first k of each column in order: values and 1-based positions */               \
-  static int sort_##T(rm_ctx *ctx, const T *x, T *val, T *idx, cols c, int64_t k, int desc) { \
+  static int sort_##T(rm_ctx *ctx, const T *x, T *val, int64_t *idx, cols c, int64_t k, int desc) { \
     const int64_t m = c.outer * c.inner;                                                \
     int fail = 0;                                                                       \
     _Pragma("omp parallel if (m * c.n > RM_CPU_PAR_MIN && m > 1)")                      \
@@ -97,10 +97,10 @@ RM_CPU_KERNEL(min) {
           const T *src = x + o * c.n * c.inner + in_;                                   \
           for (int64_t e = 0; e < c.n; e++) { v[e] = src[e * c.inner]; p[e] = e; }      \
           msort_##T(v, p, tmp, c.n, desc);                                              \
-          T *dv = val + o * k * c.inner + in_, *di = idx + o * k * c.inner + in_;       \
+          T *dv = val + o * k * c.inner + in_; int64_t *di = idx + o * k * c.inner + in_;     \
           for (int64_t r = 0; r < k; r++) {                                             \
             dv[r * c.inner] = v[p[r]];                                                  \
-            di[r * c.inner] = (T)(p[r] + 1);                                            \
+            di[r * c.inner] = p[r] + 1;                                                      \
           }                                                                             \
         }                                                                               \
       }                                                                                 \

@@ -176,10 +176,7 @@ static int cu_sync_checked(rm_ctx *ctx, cu_state *st) {
 
 __global__ void ix_check_kernel(const void *p, rm_dtype dt, int64_t n, int64_t size, cu_check_slot *slot) {
   for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
-    double v = dt == RM_F64 ? ((const double *)p)[k]
-             : dt == RM_BF16 ? (double)__bfloat162float(((const __nv_bfloat16 *)p)[k])
-                             : (double)((const float *)p)[k];
-    if (!cu_ix_ok(v, size)) atomicMin(&slot->pos, (unsigned long long)k);
+    if (cu_index_at(p, dt, k, size) < 0) atomicMin(&slot->pos, (unsigned long long)k);
   }
 }
 
@@ -188,18 +185,17 @@ __global__ void ix_check_kernel(const void *p, rm_dtype dt, int64_t n, int64_t s
 __global__ void ix_check_value_kernel(const void *p, rm_dtype dt, cu_check_slot *slot) {
   unsigned long long k = slot->pos;
   if (k == ~0ull) return;
-  slot->val = dt == RM_F64 ? ((const double *)p)[k]
-            : dt == RM_BF16 ? (double)__bfloat162float(((const __nv_bfloat16 *)p)[k])
-                            : (double)((const float *)p)[k];
+  slot->val = cu_index_value(p, dt, (int64_t)k);
 }
 
 int cu_check_indices(rm_ctx *ctx, const char *op, const char *what, const rm_tensor *idx, const void *p,
                      int64_t size, int dim) {
   int64_t n = cu_numel(idx);
   if (n == 0) return RM_OK;
-  if (idx->dtype != RM_F32 && idx->dtype != RM_F64 && idx->dtype != RM_BF16)
-    return cu_fail(ctx, RM_ERR_DTYPE, "%s: %ss must be float32, float64 or bfloat16 (got %s)", op, what,
-                   cu_dname(idx->dtype));
+  if (idx->dtype != RM_F32 && idx->dtype != RM_F64 && idx->dtype != RM_BF16 && idx->dtype != RM_I32 &&
+      idx->dtype != RM_I64)
+    return cu_fail(ctx, RM_ERR_DTYPE, "%s: %ss must be int64, int32, float32, float64 or bfloat16 (got %s)", op,
+                   what, cu_dname(idx->dtype));
   cu_state *st = cu_st(ctx);
   if (st->nchecks == CU_MAX_CHECKS) { /* every slot in use: drain once, then start over */
     int rc = cu_sync_checked(ctx, st);
@@ -340,6 +336,14 @@ static rm_backend make_table(void) {
   b.supports_dtype[RM_F32] = true;
   b.supports_dtype[RM_F64] = true;
   b.supports_dtype[RM_BF16] = true;
+  b.supports_dtype[RM_I32] = true;
+  b.supports_dtype[RM_I64] = true;
+  /* the ops whose kernels take int32/int64 data: the same list as the CPU's */
+  static const rm_op_id int_ops[] = { RM_OP_ADD, RM_OP_SUB, RM_OP_MUL, RM_OP_NEG, RM_OP_ABS, RM_OP_ADD_SCALAR,
+                                       RM_OP_MUL_SCALAR, RM_OP_EQ, RM_OP_NE, RM_OP_LT, RM_OP_LE, RM_OP_GT,
+                                       RM_OP_GE, RM_OP_WHERE, RM_OP_COPY, RM_OP_CAST, RM_OP_FILL, RM_OP_SUM,
+                                       RM_OP_CONCAT };
+  for (size_t i = 0; i < sizeof int_ops / sizeof int_ops[0]; i++) b.int_ops[int_ops[i]] = true;
 #define X(ID, name, family, set) RM_IF_KERNEL(family, b.kernel[RM_OP_##ID] = run_##name;)
 #include "../../core/ops.def"
 #undef X

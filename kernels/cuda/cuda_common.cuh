@@ -137,7 +137,7 @@ static inline int cu_launched(rm_ctx *ctx, const char *what) {
 /* ---- tensors (header-only copies of the core helpers) ---- */
 
 static inline size_t cu_dsize(rm_dtype d) {
-  return d == RM_F64 ? 8 : (d == RM_BF16 || d == RM_F16) ? 2 : 4;
+  return (d == RM_F64 || d == RM_I64) ? 8 : (d == RM_BF16 || d == RM_F16) ? 2 : 4;
 }
 
 static inline const char *cu_dname(rm_dtype d) {
@@ -146,6 +146,8 @@ static inline const char *cu_dname(rm_dtype d) {
   case RM_F64: return "float64";
   case RM_BF16: return "bfloat16";
   case RM_F16: return "float16";
+  case RM_I32: return "int32";
+  case RM_I64: return "int64";
   default: return "?";
   }
 }
@@ -210,6 +212,9 @@ __device__ __forceinline__ int64_t cu_offset(const cu_geo &g, int64_t i) {
 
 template <class T> struct cu_acc { typedef float type; };
 template <> struct cu_acc<double> { typedef double type; };
+/* integers compute in int64 (elementwise.cu wraps sums and products around) */
+template <> struct cu_acc<int32_t> { typedef int64_t type; };
+template <> struct cu_acc<int64_t> { typedef int64_t type; };
 
 __device__ __forceinline__ float cu_ld(const float *p) { return *p; }
 __device__ __forceinline__ double cu_ld(const double *p) { return *p; }
@@ -219,6 +224,25 @@ __device__ __forceinline__ void cu_sv(double *p, double v) { *p = v; }
 __device__ __forceinline__ void cu_sv(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
 /* float64 -> bfloat16 in one rounding (through float32 would round twice) */
 __device__ __forceinline__ void cu_sv(__nv_bfloat16 *p, double v) { *p = __double2bfloat16(v); }
+__device__ __forceinline__ int64_t cu_ld(const int32_t *p) { return *p; }
+__device__ __forceinline__ int64_t cu_ld(const int64_t *p) { return *p; }
+__device__ __forceinline__ void cu_sv(int32_t *p, int64_t v) { *p = (int32_t)v; }
+__device__ __forceinline__ void cu_sv(int64_t *p, int64_t v) { *p = v; }
+__device__ __forceinline__ void cu_sv(__nv_bfloat16 *p, int64_t v) { *p = __double2bfloat16((double)v); }
+
+/* Same, with the integer types too (ops whose kernels take int32/int64: the backend's
+ * int_ops). */
+#define CU_DISPATCH_I(ctx, opname, dt, ...)                                        \
+  do {                                                                             \
+    switch (dt) {                                                                  \
+    case RM_F32: { typedef float T; __VA_ARGS__; } break;                          \
+    case RM_F64: { typedef double T; __VA_ARGS__; } break;                         \
+    case RM_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break;                 \
+    case RM_I32: { typedef int32_t T; __VA_ARGS__; } break;                        \
+    case RM_I64: { typedef int64_t T; __VA_ARGS__; } break;                        \
+    default: return cu_bad_dtype((ctx), (opname), (dt));                           \
+    }                                                                              \
+  } while (0)
 
 /* Calls F.template operator()<T>() for the tensor dtype (float32, float64, bfloat16). */
 #define CU_DISPATCH(ctx, opname, dt, ...)                                          \
@@ -313,6 +337,29 @@ int cu_check_indices(rm_ctx *ctx, const char *op, const char *what, const rm_ten
 /* Whether v is a whole number in 1..size (the device side of cu_check_indices). */
 __device__ __forceinline__ bool cu_ix_ok(double v, int64_t size) {
   return v >= 1 && v <= (double)size && v == floor(v);
+}
+
+/* Index value k of index data p (int64, int32, float64, bfloat16 or float32), as a
+ * double (for messages). */
+__device__ __forceinline__ double cu_index_value(const void *p, rm_dtype dt, int64_t k) {
+  switch (dt) {
+  case RM_I64: return (double)((const int64_t *)p)[k];
+  case RM_I32: return (double)((const int32_t *)p)[k];
+  case RM_F64: return ((const double *)p)[k];
+  case RM_BF16: return (double)__bfloat162float(((const __nv_bfloat16 *)p)[k]);
+  default: return (double)((const float *)p)[k];
+  }
+}
+
+/* The 0-based position index value k of p holds, or -1 when it is not a whole number in
+ * 1..size (integers compared exactly, beyond 2^53 too). */
+__device__ __forceinline__ int64_t cu_index_at(const void *p, rm_dtype dt, int64_t k, int64_t size) {
+  if (dt == RM_I64 || dt == RM_I32) {
+    int64_t v = dt == RM_I64 ? ((const int64_t *)p)[k] : (int64_t)((const int32_t *)p)[k];
+    return v >= 1 && v <= size ? v - 1 : -1;
+  }
+  double v = cu_index_value(p, dt, k);
+  return cu_ix_ok(v, size) ? (int64_t)v - 1 : -1;
 }
 
 /* Fills n elements of dtype dt at p with v. */

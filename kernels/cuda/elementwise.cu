@@ -71,6 +71,30 @@ __device__ __forceinline__ A ew_apply(int op, A a, A b, A c, A s) {
   }
 }
 
+/* The integer ops (the backend's int_ops), in int64: sums and products go through
+ * uint64_t so that overflow wraps around as on the CPU; comparisons give 1/0. Other op
+ * ids never reach an integer kernel (rm_op_run refuses them). */
+__device__ __forceinline__ int64_t ew_apply(int op, int64_t a, int64_t b, int64_t c, int64_t s) {
+  typedef unsigned long long U;
+  switch (op) {
+  case RM_OP_ADD: return (int64_t)((U)a + (U)b);
+  case RM_OP_SUB: return (int64_t)((U)a - (U)b);
+  case RM_OP_MUL: return (int64_t)((U)a * (U)b);
+  case RM_OP_EQ: return a == b;
+  case RM_OP_NE: return a != b;
+  case RM_OP_LT: return a < b;
+  case RM_OP_LE: return a <= b;
+  case RM_OP_GT: return a > b;
+  case RM_OP_GE: return a >= b;
+  case RM_OP_WHERE: return c != 0 ? a : b;
+  case RM_OP_ADD_SCALAR: return (int64_t)((U)a + (U)s);
+  case RM_OP_MUL_SCALAR: return (int64_t)((U)a * (U)s);
+  case RM_OP_NEG: return (int64_t)(0ull - (U)a);
+  case RM_OP_ABS: return a < 0 ? (int64_t)(0ull - (U)a) : a;
+  default: return a; /* copy */
+  }
+}
+
 #define EW_MAXOP 3
 
 /* Merged geometry of up to three operands over the output shape. */
@@ -113,7 +137,7 @@ __global__ void ew_contig_kernel(int op, int nop, int64_t n, const T *__restrict
        i += (int64_t)gridDim.x * blockDim.x) {
     A x = cu_ld(p0 + i), y = nop > 1 ? cu_ld(p1 + i) : (A)0, z = nop > 2 ? cu_ld(p2 + i) : (A)0;
     /* where's operands are (cond, a, b) */
-    A r = nop == 3 ? ew_apply<A>(op, y, z, x, (A)s) : ew_apply<A>(op, x, y, (A)0, (A)s);
+    A r = nop == 3 ? ew_apply(op, y, z, x, (A)s) : ew_apply(op, x, y, (A)0, (A)s);
     cu_sv(po + i, r);
   }
 }
@@ -136,7 +160,7 @@ __global__ void ew_vec_kernel(int op, int nop, int64_t nv, const T *__restrict__
 #pragma unroll
     for (int k = 0; k < V; k++) {
       A x = cu_ld(&a.v[k]), y = nop > 1 ? cu_ld(&b.v[k]) : (A)0, z = nop > 2 ? cu_ld(&c.v[k]) : (A)0;
-      A q = nop == 3 ? ew_apply<A>(op, y, z, x, (A)s) : ew_apply<A>(op, x, y, (A)0, (A)s);
+      A q = nop == 3 ? ew_apply(op, y, z, x, (A)s) : ew_apply(op, x, y, (A)0, (A)s);
       cu_sv(&r.v[k], q);
     }
     ((ew_vec<T> *)po)[i] = r;
@@ -158,7 +182,7 @@ __global__ void ew_strided_kernel(int op, int nop, int64_t n, ew_geo g, const T 
       o2 += k * g.stride[2][d];
     }
     A x = cu_ld(p0 + o0), y = nop > 1 ? cu_ld(p1 + o1) : (A)0, z = nop > 2 ? cu_ld(p2 + o2) : (A)0;
-    A r2 = nop == 3 ? ew_apply<A>(op, y, z, x, (A)s) : ew_apply<A>(op, x, y, (A)0, (A)s);
+    A r2 = nop == 3 ? ew_apply(op, y, z, x, (A)s) : ew_apply(op, x, y, (A)0, (A)s);
     cu_sv(po + i, r2);
   }
 }
@@ -199,7 +223,7 @@ static int ew_run(rm_ctx *ctx, const char *name, int op, int nop, rm_tensor *con
     if (in[k]->dtype != o->dtype)
       return cu_fail(ctx, RM_ERR_DTYPE, "%s: input %d is %s but the output is %s", name, k + 1,
                      cu_dname(in[k]->dtype), cu_dname(o->dtype));
-  CU_DISPATCH(ctx, name, o->dtype, return ew_launch<T>(ctx, op, nop, in, o, s));
+  CU_DISPATCH_I(ctx, name, o->dtype, return ew_launch<T>(ctx, op, nop, in, o, s));
   return RM_OK;
 }
 
@@ -252,7 +276,7 @@ __global__ void fill_kernel(T *p, int64_t n, double v) {
 int cu_fill(rm_ctx *ctx, void *p, rm_dtype dt, int64_t n, double v) {
   if (n == 0) return RM_OK;
   cudaStream_t st = cu_st(ctx)->stream;
-  CU_DISPATCH(ctx, "fill", dt, fill_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>((T *)p, n, v));
+  CU_DISPATCH_I(ctx, "fill", dt, fill_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>((T *)p, n, v));
   return CU_LAUNCHED(ctx, "fill kernel");
 }
 
@@ -286,9 +310,65 @@ static int cast_from(rm_ctx *ctx, const rm_tensor *src, void *dst, rm_dtype to) 
   case RM_BF16:
     cast_kernel<S, __nv_bfloat16><<<cu_blocks(n), CU_THREADS, 0, st>>>(s, (__nv_bfloat16 *)dst, n, g, contig);
     break;
+  case RM_I32: cast_kernel<S, int32_t><<<cu_blocks(n), CU_THREADS, 0, st>>>(s, (int32_t *)dst, n, g, contig); break;
+  case RM_I64: cast_kernel<S, int64_t><<<cu_blocks(n), CU_THREADS, 0, st>>>(s, (int64_t *)dst, n, g, contig); break;
   default: return cu_bad_dtype(ctx, "cast", to);
   }
   return CU_LAUNCHED(ctx, "cast kernel");
+}
+
+/* Float -> integer casts truncate toward zero, as on the CPU; the first element that has
+ * no value in the integer type (NaN, infinite, out of range) is found here first, and
+ * the cast is an error naming it (this waits for the device: a conversion, not a hot
+ * path). */
+template <class S>
+__global__ void cast_check_kernel(const S *src, int64_t n, cu_geo g, bool contig, double lo,
+                                  unsigned long long *bad) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    double v = (double)cu_ld(src + (contig ? i : cu_offset(g, i)));
+    double t = trunc(v);
+    if (!(t >= lo && t < -lo)) atomicMin(bad, (unsigned long long)i);
+  }
+}
+
+static inline double host_val(float v) { return v; }
+static inline double host_val(double v) { return v; }
+static inline double host_val(__nv_bfloat16 v) { return (double)__bfloat162float(v); }
+
+template <class S>
+static int check_to_int(rm_ctx *ctx, const rm_tensor *src, rm_dtype to) {
+  int64_t n = cu_numel(src);
+  if (n == 0) return RM_OK;
+  cudaStream_t st = cu_st(ctx)->stream;
+  unsigned long long *bad = (unsigned long long *)cu_scratch(ctx, sizeof *bad);
+  if (!bad) return ctx->err_code;
+  cu_geo g = cu_geo_of(src);
+  bool contig = cu_contig(src);
+  double lo = to == RM_I32 ? -2147483648.0 : -9223372036854775808.0;
+  unsigned long long h = ~0ull;
+  int rc = CU_CHECK(ctx, cudaMemsetAsync(bad, 0xff, sizeof *bad, st));
+  if (!rc) {
+    cast_check_kernel<S><<<cu_blocks(n), CU_THREADS, 0, st>>>((const S *)cu_ptr(src), n, g, contig, lo, bad);
+    rc = CU_LAUNCHED(ctx, "cast check kernel");
+  }
+  if (!rc) rc = CU_CHECK(ctx, cudaMemcpyAsync(&h, bad, sizeof h, cudaMemcpyDeviceToHost, st));
+  if (!rc) rc = CU_CHECK(ctx, cudaStreamSynchronize(st));
+  cu_scratch_free(ctx, bad, sizeof *bad);
+  if (rc || h == ~0ull) return rc;
+  S v;
+  const S *at = (const S *)cu_ptr(src) + (contig ? (int64_t)h : 0);
+  if (!contig) { /* the bad element's offset through the strides */
+    int64_t off = 0, r = (int64_t)h;
+    for (int d = g.ndim - 1; d >= 0; d--) off += (r % g.shape[d]) * g.stride[d], r /= g.shape[d];
+    at = (const S *)cu_ptr(src) + off;
+  }
+  rc = CU_CHECK(ctx, cudaMemcpy(&v, at, sizeof v, cudaMemcpyDeviceToHost));
+  if (rc) return rc;
+  double dv = host_val(v);
+  if (dv != dv) dv = NAN;
+  return cu_fail(ctx, RM_ERR_ARG, "cast: element %llu is %.17g, which has no %s value (NaN, infinite or out of range)",
+                 h + 1, dv, cu_dname(to));
 }
 
 int cu_copy_strided(rm_ctx *ctx, const rm_tensor *src, void *dst, rm_dtype to) {
@@ -298,7 +378,12 @@ int cu_copy_strided(rm_ctx *ctx, const rm_tensor *src, void *dst, rm_dtype to) {
     return CU_CHECK(ctx, cudaMemcpyAsync(dst, cu_ptr(src), bytes, cudaMemcpyDeviceToDevice,
                                          cu_st(ctx)->stream));
   }
-  CU_DISPATCH(ctx, "cast", src->dtype, return cast_from<T>(ctx, src, dst, to));
+  if ((to == RM_I32 || to == RM_I64) && (src->dtype == RM_F32 || src->dtype == RM_F64 || src->dtype == RM_BF16)) {
+    int rc = RM_OK;
+    CU_DISPATCH(ctx, "cast", src->dtype, rc = check_to_int<T>(ctx, src, to));
+    if (rc) return rc;
+  }
+  CU_DISPATCH_I(ctx, "cast", src->dtype, return cast_from<T>(ctx, src, dst, to));
   return RM_OK;
 }
 

@@ -25,18 +25,9 @@
 
 #include "cuda_common.cuh"
 
-__device__ __forceinline__ double ix_val(const void *p, rm_dtype dt, int64_t k) {
-  switch (dt) {
-  case RM_F64: return ((const double *)p)[k];
-  case RM_BF16: return (double)__bfloat162float(((const __nv_bfloat16 *)p)[k]);
-  default: return (double)((const float *)p)[k];
-  }
-}
-
 /* 0-based position held at k, or -1 for a bad value (the queued check reports it). */
 __device__ __forceinline__ int64_t ix_pos(const void *p, rm_dtype dt, int64_t k, int64_t size) {
-  double v = ix_val(p, dt, k);
-  return cu_ix_ok(v, size) ? (int64_t)v - 1 : -1;
+  return cu_index_at(p, dt, k, size);
 }
 
 static int check_indices(rm_ctx *ctx, const char *op, const rm_tensor *idx, const void *p,

@@ -19,14 +19,6 @@
 
 #include "cuda_common.cuh"
 
-__device__ __forceinline__ double lab_val(const void *p, rm_dtype dt, int64_t k) {
-  switch (dt) {
-  case RM_F64: return ((const double *)p)[k];
-  case RM_BF16: return (double)__bfloat162float(((const __nv_bfloat16 *)p)[k]);
-  default: return (double)((const float *)p)[k];
-  }
-}
-
 __device__ __forceinline__ float ce_exp(float x) { return expf(x); }
 __device__ __forceinline__ double ce_exp(double x) { return exp(x); }
 __device__ __forceinline__ float ce_log(float x) { return logf(x); }
@@ -76,8 +68,8 @@ __global__ void ce_rows_kernel(const T *x, const void *lab, rm_dtype ldt, int64_
   const T *row = x + blockIdx.x * C;
   A lse = row_lse<T, A>(row, C);
   if (threadIdx.x == 0) {
-    double yv = lab_val(lab, ldt, blockIdx.x);
-    loss[blockIdx.x] = cu_ix_ok(yv, C) ? (double)(lse - (A)cu_ld(row + ((int64_t)yv - 1))) : NAN;
+    int64_t y = cu_index_at(lab, ldt, blockIdx.x, C);
+    loss[blockIdx.x] = y >= 0 ? (double)(lse - (A)cu_ld(row + y)) : NAN;
   }
 }
 
@@ -99,8 +91,7 @@ __global__ void ce_bwd_kernel(const T *x, const void *lab, rm_dtype ldt, const T
   T *orow = o + blockIdx.x * C;
   A lse = row_lse<T, A>(row, C);
   A scale = (A)((double)cu_ld(g) / (double)rows);
-  double yv = lab_val(lab, ldt, blockIdx.x);
-  int64_t y = cu_ix_ok(yv, C) ? (int64_t)yv - 1 : -1;
+  int64_t y = cu_index_at(lab, ldt, blockIdx.x, C);
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
     cu_sv(orow + j, (ce_exp((A)cu_ld(row + j) - lse) - (j == y ? (A)1 : (A)0)) * scale);
 }

@@ -179,7 +179,42 @@ static void dims_of(const rm_tensor *t, int64_t dim, bool *red) {
   for (int k = 0; k < t->ndim; k++) red[k] = d < 0 || k == d;
 }
 
+/* Integer sums: one thread per output element over its summed positions, in order, in
+ * int64 wrapping around on overflow (as the CPU does); x contiguous, seen as (outer, n,
+ * inner) around the summed dims (all dims: outer = inner = 1). */
+template <class T>
+__global__ void sum_int_kernel(const T *x, int64_t *o, int64_t nout, int64_t n, int64_t inner) {
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < nout; e += (int64_t)gridDim.x * blockDim.x) {
+    const T *p = x + (e / inner) * n * inner + e % inner;
+    uint64_t acc = 0;
+    for (int64_t k = 0; k < n; k++) acc += (uint64_t)(int64_t)p[k * inner];
+    o[e] = (int64_t)acc;
+  }
+}
+
+static int sum_int(rm_ctx *ctx, const rm_tensor *in, rm_tensor *out, int64_t dim) {
+  int64_t nout = cu_numel(out), n = cu_numel(in), inner = 1;
+  if (nout == 0) return RM_OK;
+  int d = red_dim(in, dim);
+  if (d >= 0) {
+    n = in->shape[d];
+    for (int k = d + 1; k < in->ndim; k++) inner *= in->shape[k];
+  }
+  void *scratch = NULL;
+  const void *x = cu_contig_data(ctx, in, &scratch);
+  if (!x && n > 0) return ctx->err_code;
+  cudaStream_t st = cu_st(ctx)->stream;
+  if (in->dtype == RM_I32)
+    sum_int_kernel<int32_t><<<cu_blocks(nout), CU_THREADS, 0, st>>>((const int32_t *)x, (int64_t *)cu_ptr(out), nout, n, inner);
+  else
+    sum_int_kernel<int64_t><<<cu_blocks(nout), CU_THREADS, 0, st>>>((const int64_t *)x, (int64_t *)cu_ptr(out), nout, n, inner);
+  int rc = CU_LAUNCHED(ctx, "integer sum kernel");
+  if (scratch) cu_scratch_free(ctx, scratch, (size_t)cu_numel(in) * cu_dsize(in->dtype));
+  return rc;
+}
+
 RM_CUDA_KERNEL(sum) {
+  if (in[0]->dtype == RM_I32 || in[0]->dtype == RM_I64) return sum_int(ctx, in[0], out[0], a->reduce.dim);
   bool red[RM_MAX_DIM];
   dims_of(in[0], a->reduce.dim, red);
   return sum_dims(ctx, in[0], out[0], red, 1.0);
@@ -216,7 +251,7 @@ __device__ __forceinline__ void max_pick(A &v, int64_t &i, A v2, int64_t i2) {
 
 /* One block per column when inner == 1 (rows), else one thread per column. */
 template <class T>
-__global__ void max_rows_kernel(const T *x, int64_t n, T *val, typename cu_acc<T>::type *idx) {
+__global__ void max_rows_kernel(const T *x, int64_t n, T *val, int64_t *idx) {
   typedef typename cu_acc<T>::type A;
   __shared__ A shv[32];
   __shared__ int64_t shi[32];
@@ -235,13 +270,13 @@ __global__ void max_rows_kernel(const T *x, int64_t n, T *val, typename cu_acc<T
   if (threadIdx.x == 0) {
     for (int j = 1; j < nw; j++) max_pick<A>(best, bi, shv[j], shi[j]);
     if (val) cu_sv(val + blockIdx.x, best);
-    if (idx) idx[blockIdx.x] = (A)(bi + 1);
+    if (idx) idx[blockIdx.x] = bi + 1;
   }
 }
 
 template <class T>
 __global__ void max_cols_kernel(const T *x, int64_t outer, int64_t n, int64_t inner, T *val,
-                                typename cu_acc<T>::type *idx) {
+                                int64_t *idx) {
   typedef typename cu_acc<T>::type A;
   int64_t cols = outer * inner;
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols;
@@ -256,13 +291,13 @@ __global__ void max_cols_kernel(const T *x, int64_t outer, int64_t n, int64_t in
         else if (v != v) { best = v; bi = k; break; }
       }
     if (val) cu_sv(val + c, best);
-    if (idx) idx[c] = (A)(bi + 1);
+    if (idx) idx[c] = bi + 1;
   }
 }
 
 template <class T>
 static int max_launch(rm_ctx *ctx, const T *x, int64_t outer, int64_t n, int64_t inner, T *val,
-                      typename cu_acc<T>::type *idx) {
+                      int64_t *idx) {
   cudaStream_t st = cu_st(ctx)->stream;
   if (inner == 1)
     max_rows_kernel<T><<<(unsigned)outer, cu_row_threads(n), 0, st>>>(x, n, val, idx);
@@ -281,7 +316,7 @@ static int max_run(rm_ctx *ctx, rm_tensor *xt, int64_t dim, rm_tensor *val, rm_t
   int rc;
   CU_DISPATCH(ctx, "max", xt->dtype,
               rc = max_launch<T>(ctx, (const T *)x, outer, n, inner, val ? (T *)cu_ptr(val) : NULL,
-                                 idx ? (typename cu_acc<T>::type *)cu_ptr(idx) : NULL));
+                                 idx ? (int64_t *)cu_ptr(idx) : NULL));
   if (scratch) cu_scratch_free(ctx, scratch, (size_t)cu_numel(xt) * cu_dsize(xt->dtype));
   return rc;
 }

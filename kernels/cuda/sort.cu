@@ -25,7 +25,7 @@ static cu_cols cu_columns(const rm_tensor *x, int64_t dim) {
 /* ---- min: first minimum; the first NaN wins (one thread per column) ---- */
 
 template <class T>
-__global__ void min_kernel(const T *x, T *val, T *idx, cu_cols c) {
+__global__ void min_kernel(const T *x, T *val, int64_t *idx, cu_cols c) {
   typedef typename cu_acc<T>::type A;
   int64_t m = c.outer * c.inner;
   for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < m;
@@ -38,7 +38,7 @@ __global__ void min_kernel(const T *x, T *val, T *idx, cu_cols c) {
       if (v < best || v != v) { best = v; bi = k; }
     }
     cu_sv(val + q, best);
-    cu_sv(idx + q, (A)(bi + 1));
+    idx[q] = bi + 1;
   }
 }
 
@@ -49,7 +49,7 @@ RM_CUDA_KERNEL(min) {
   cudaStream_t st = cu_st(ctx)->stream;
   CU_DISPATCH(ctx, "min", in[0]->dtype,
               min_kernel<T><<<cu_blocks(m), CU_THREADS, 0, st>>>((const T *)cu_ptr(in[0]), (T *)cu_ptr(out[0]),
-                                                                (T *)cu_ptr(out[1]), c));
+                                                                (int64_t *)cu_ptr(out[1]), c));
   return CU_LAUNCHED(ctx, "min kernel");
 }
 
@@ -66,7 +66,7 @@ __device__ __forceinline__ bool sort_before(A a, int64_t i, A b, int64_t j, bool
 
 /* One thread per element: its rank r in its column; it lands at r when r < k. */
 template <class T>
-__global__ void rank_kernel(const T *x, T *val, T *idx, cu_cols c, int64_t k, bool desc) {
+__global__ void rank_kernel(const T *x, T *val, int64_t *idx, cu_cols c, int64_t k, bool desc) {
   typedef typename cu_acc<T>::type A;
   int64_t total = c.outer * c.n * c.inner;
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
@@ -80,7 +80,7 @@ __global__ void rank_kernel(const T *x, T *val, T *idx, cu_cols c, int64_t k, bo
     if (r < k) {
       int64_t off = o * k * c.inner + r * c.inner + in_;
       cu_sv(val + off, v);
-      cu_sv(idx + off, (A)(e + 1));
+      idx[off] = e + 1;
     }
   }
 }
@@ -93,7 +93,7 @@ static int sort_run(rm_ctx *ctx, const char *op, rm_tensor *const *in, rm_tensor
   cudaStream_t st = cu_st(ctx)->stream;
   CU_DISPATCH(ctx, op, in[0]->dtype,
               rank_kernel<T><<<cu_blocks(total), CU_THREADS, 0, st>>>(
-                  (const T *)cu_ptr(in[0]), (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]), c, k, desc));
+                  (const T *)cu_ptr(in[0]), (T *)cu_ptr(out[0]), (int64_t *)cu_ptr(out[1]), c, k, desc));
   return CU_LAUNCHED(ctx, "sort kernel");
 }
 

@@ -84,7 +84,7 @@ end
 local function check_dtype(fn, s)
   s = DTYPE_OF[s] or s
   if DTYPE_ID[s] == nil then
-    fail(("%s: unknown dtype '%s' (float32, float64, bfloat16, float16)"):format(fn, tostring(s)))
+    fail(("%s: unknown dtype '%s' (float32, float64, bfloat16, float16, int32, int64)"):format(fn, tostring(s)))
   end
   return s
 end
@@ -102,7 +102,7 @@ local function read_opts(fn, args, first, n, o)
       local s = DTYPE_OF[a] or a
       if DTYPE_ID[s] then o.dtype = s
       elseif DEVICE_ID[s] then o.device = s
-      else fail(("%s: '%s' is neither a dtype (float32, float64, bfloat16, float16) nor a device (cpu, cuda)"):format(fn, a)) end
+      else fail(("%s: '%s' is neither a dtype (float32, float64, bfloat16, float16, int32, int64) nor a device (cpu, cuda)"):format(fn, a)) end
     elseif type(a) == "table" then
       for key, v in pairs(a) do
         if key == "dtype" then o.dtype = check_dtype(fn, v)
@@ -147,7 +147,10 @@ local function finish(t, o)
   return t
 end
 
--- Converts a float32 CPU tensor t to o.dtype / o.device (freeing t when replaced).
+-- The dtypes the CPU fills directly (the others are filled as float32, then cast).
+local CPU_DTYPE = { float32 = "float32", float64 = "float64", int32 = "int32", int64 = "int64" }
+
+-- Converts a CPU tensor t to o.dtype / o.device (freeing t when replaced).
 local function place(t, o)
   if o.device ~= "cpu" then
     local m = C.to_device(t, o.device)
@@ -217,7 +220,7 @@ function remat.arange(...)
   local count = math.max(0, math.floor(q + 1e-9) + 1)
   if count > 2 ^ 40 then fail(("%s: %.0f values is absurd"):format(fn, count)) end
   local o = read_opts(fn, args, nums + 1, n, {})
-  local cpu_dtype = o.dtype == "float64" and "float64" or "float32"
+  local cpu_dtype = CPU_DTYPE[o.dtype] or "float32"
   local t = C.arange(start, step, math.tointeger(count), cpu_dtype)
   return finish(place(t, o), o)
 end
@@ -262,7 +265,7 @@ function remat.tensor(data, ...)
     fail(fn .. ": expected nested tables of numbers, got " .. describe(data))
   end
   local flat, shape = flatten(fn, data)
-  local cpu_dtype = o.dtype == "float64" and "float64" or "float32"
+  local cpu_dtype = CPU_DTYPE[o.dtype] or "float32"
   return finish(place(C.from_table(flat, shape, cpu_dtype), o), o)
 end
 
@@ -284,7 +287,8 @@ function Tensor:is_contiguous() return C.is_contiguous(self) end
 function Tensor:free() C.free(self) end
 function Tensor:is_freed() return C.is_freed(self) end
 
-local TYPE_NAMES = { float32 = "Float", float64 = "Double", bfloat16 = "BFloat16", float16 = "Half" }
+local TYPE_NAMES = { float32 = "Float", float64 = "Double", bfloat16 = "BFloat16", float16 = "Half",
+                     int32 = "Int", int64 = "Long" }
 -- Torch7's type name: remat.FloatTensor, remat.DoubleTensor, remat.CudaTensor, ...
 function Tensor:type()
   if not is_tensor(self) then fail("type: expected a tensor (x:type()), got " .. type(self)) end
@@ -296,11 +300,12 @@ function Tensor:type()
   return "remat." .. TYPE_NAMES[dt] .. "Tensor"
 end
 
--- A CPU float tensor with self's values (self when it already is one; else a copy).
+-- A CPU tensor with self's values that Lua can read (float32, float64, int32, int64:
+-- self when it already is one; else a copy).
 local function readable(x)
   local _, dt, dev = info(x)
   local t, owned = x, false
-  if dt ~= "float32" and dt ~= "float64" then t, owned = op(O.cast, { dtype = DTYPE_ID.float32 }, t), true end
+  if not CPU_DTYPE[dt] then t, owned = op(O.cast, { dtype = DTYPE_ID.float32 }, t), true end
   if dev ~= "cpu" then
     local m = C.to_device(t, "cpu")
     if owned then C.free(t) end
@@ -502,10 +507,32 @@ function Tensor:expand_as(other) return self:expand(info(check_tensor("expand_as
 
 -- ---- arithmetic ----
 
--- A 0-d tensor holding number v, like x (dtype and device).
-local function scalar_like(v, x)
+local INT_DTYPE = { int32 = true, int64 = true }
+
+-- A 0-d tensor holding number v, like x (dtype and device). An integer tensor takes a
+-- whole number only (3.5 would silently become 3).
+local function scalar_like(v, x, fn)
   local _, dt, dev = info(x)
+  if INT_DTYPE[dt] and math.type(v) ~= "integer" and (v ~= v or v ~= math.floor(v) or math.abs(v) == math.huge) then
+    fail(("%s: %s is not a whole number, and the tensor is %s (convert it with x:to('float32') first)")
+      :format(fn or "remat", tostring(v), dt))
+  end
   return C.full({}, v, dt, dev)
+end
+
+-- Binary ops on an integer and a float tensor compute in the float dtype, and on int32
+-- and int64 in int64 (PyTorch's promotion): a, b with the narrower one converted, and
+-- the converted copy (to free) or nil.
+local function promote(a, b)
+  if not (is_tensor(a) and is_tensor(b)) or C.is_freed(a) or C.is_freed(b) then return a, b end
+  local _, da = info(a)
+  local _, db = info(b)
+  local ia, ib = INT_DTYPE[da], INT_DTYPE[db]
+  if da == db or not (ia or ib) then return a, b end -- two floats: the op says what is wrong
+  local to = not ia and da or not ib and db or "int64"
+  if da ~= to then local c = op(O.cast, { dtype = DTYPE_ID[to] }, a) return c, b, c end
+  local c = op(O.cast, { dtype = DTYPE_ID[to] }, b)
+  return a, c, c
 end
 
 local function binary(name, scalar_right, scalar_left)
@@ -513,7 +540,12 @@ local function binary(name, scalar_right, scalar_left)
   return function(a, b)
     if type(b) == "number" and is_tensor(a) then return scalar_right(a, b) end
     if type(a) == "number" and is_tensor(b) then return scalar_left(a, b) end
-    return op(id, nil, a, b)
+    local x, y, tmp = promote(a, b)
+    if not tmp then return op(id, nil, a, b) end
+    local ok, r = pcall(op, id, nil, x, y)
+    C.free(tmp)
+    if not ok then error(r, 0) end
+    return r
   end
 end
 
@@ -630,17 +662,19 @@ function Tensor:log_softmax(dim)
   return op(O.log_softmax, { dim = dim == nil and -1 or cdim("log_softmax", dim, #info(self)) }, self)
 end
 
--- Comparisons give 1 (true) or 0 (false) in the tensors' dtype.
+-- Comparisons give 1 (true) or 0 (false) in the tensors' dtype (an integer tensor
+-- against a float one: in the float dtype, see promote).
 for _, name in ipairs({ "eq", "ne", "lt", "le", "gt", "ge" }) do
   local id = O[name]
+  local compare = binary(name)
   Tensor[name] = function(self, other)
     if type(other) == "number" then
-      local s = scalar_like(other, self)
+      local s = scalar_like(other, self, name)
       local r = op(id, nil, self, s)
       C.free(s)
       return r
     end
-    return op(id, nil, self, other)
+    return compare(self, other)
   end
 end
 
@@ -664,10 +698,26 @@ function remat.where(cond, a, b)
   check_tensor(fn, cond, "the condition")
   local like = is_tensor(a) and a or is_tensor(b) and b or cond
   local tmp = {}
-  if type(a) == "number" then a = scalar_like(a, like); tmp[#tmp + 1] = a end
-  if type(b) == "number" then b = scalar_like(b, like); tmp[#tmp + 1] = b end
-  local r = op(O.where, nil, cond, a, b)
+  if type(a) == "number" then a = scalar_like(a, like, "where"); tmp[#tmp + 1] = a end
+  if type(b) == "number" then b = scalar_like(b, like, "where"); tmp[#tmp + 1] = b end
+  local ok, r = pcall(function()
+    local x, y, t = promote(a, b)
+    if t then tmp[#tmp + 1] = t end
+    -- the condition is read as nonzero or not: any dtype does, converted to the values'
+    local _, dc = info(cond)
+    local _, dx = info(x)
+    if dc ~= dx then
+      local zero = scalar_like(0, cond)
+      local nz = op(O.ne, nil, cond, zero) -- 1/0 (NaN counts as nonzero), then in x's dtype
+      C.free(zero)
+      cond = op(O.cast, { dtype = DTYPE_ID[dx] }, nz)
+      C.free(nz)
+      tmp[#tmp + 1] = cond
+    end
+    return op(O.where, nil, cond, x, y)
+  end)
   for _, t in ipairs(tmp) do C.free(t) end
+  if not ok then error(r, 0) end
   return r
 end
 
@@ -726,7 +776,7 @@ function Tensor:to(what)
     local s = DTYPE_OF[what] or what
     if DTYPE_ID[s] then o.dtype = s
     elseif DEVICE_ID[s] then o.device = s
-    else fail(("to: '%s' is neither a dtype (float32, float64, bfloat16, float16) nor a device (cpu, cuda)"):format(what)) end
+    else fail(("to: '%s' is neither a dtype (float32, float64, bfloat16, float16, int32, int64) nor a device (cpu, cuda)"):format(what)) end
   elseif type(what) == "table" then
     o.dtype = what.dtype and check_dtype("to", what.dtype)
     o.device = what.device and check_device("to", what.device)
@@ -758,6 +808,8 @@ function Tensor:cuda() return self:to("cuda") end
 function Tensor:cpu() return self:to("cpu") end
 function Tensor:float() return self:to("float32") end
 function Tensor:double() return self:to("float64") end
+function Tensor:int() return self:to("int32") end
+function Tensor:long() return self:to("int64") end
 
 remat.cuda = remat.cuda or {}
 -- true when the CUDA backend loads and finds a device; never prints.

@@ -20,8 +20,9 @@ return function(h)
 
   -- One format for every displayed value: integers, fixed point, or exponents.
   local function choose_format(vals)
-    local maxabs, minabs, allint = 0, math.huge, true
+    local maxabs, minabs, allint, integers = 0, math.huge, true, true
     for _, v in ipairs(vals) do
+      if math.type(v) ~= "integer" then integers = false end
       if v == v and v ~= math.huge and v ~= -math.huge then
         local a = math.abs(v)
         if a > maxabs then maxabs = a end
@@ -29,6 +30,7 @@ return function(h)
         if v ~= math.floor(v) then allint = false end
       end
     end
+    if integers then return "%d" end -- an int32/int64 tensor: exact, whatever the size
     if allint and maxabs < 1e9 then return "%.0f" end
     if maxabs >= 1e5 or (maxabs > 0 and maxabs < 1e-3) or (minabs < math.huge and maxabs / minabs >= 1e5) then
       return "%.4e"
