@@ -111,6 +111,13 @@ PlanReport.__tostring = function(r)
   lines[#lines + 1] = "cost model: a replay costs the measured time of its ops on this device (each distinct op call"
   lines[#lines + 1] = ("  timed alone at first use and cached; one that cannot be is priced by FLOPs + bytes x %g);"):format(r.flops_per_byte)
   lines[#lines + 1] = "  peaks count bytes as the engine holds them (a budget plan's equals its dry run's)"
+  for _, l in ipairs(r.layers) do
+    if l.selective and #l.recomputes > 0 then
+      lines[#lines + 1] = "  a selective layer rebuilds what it drops from the nearest tensors it keeps, each op once"
+      lines[#lines + 1] = "  (a dropped softmax replays its scores' ops too: attention's q.k^T, scale and mask)"
+      break
+    end
+  end
   local parts = {}
   for _, c in ipairs { "param", "grad", "optim", "activation", "workspace", "temp", "data" } do
     if (r.step_by_category[c] or 0) > 0 then parts[#parts + 1] = c .. " " .. fmt(r.step_by_category[c]) end
