@@ -72,26 +72,10 @@ local function example_input()
   return remat.rand(o.batch, 1, 28, 28)
 end
 
-local example_labels
-do
-  local labels = {}
-  for i = 1, o.batch do labels[i] = (i % 10) + 1 end
-  example_labels = remat.tensor(labels)
-end
-local function example_loss(y) return nn.cross_entropy(y, example_labels) end
+local example_loss = cli.example_loss(o.batch, 10)
 
 if o.plan then
   return { model = build(), input = example_input, loss = example_loss }
-end
-
-local function budget_bytes(keep_peak)
-  local b = o.budget
-  if b == "none" then return nil end
-  local pct = b:match("^([%d.]+)%%$")
-  if pct then return math.floor(keep_peak * tonumber(pct) / 100) end
-  local bytes = remat.memory.parse(b)
-  if not bytes then usage("--budget: cannot read " .. b .. " (90%, 3MiB, 3e6 or none)") end
-  return bytes
 end
 
 -- Images (N, 784) in [0, 1] -> (N, 1, 28, 28).
@@ -106,7 +90,8 @@ print(model)
 
 local xplan = example_input()
 local keep = model:plan(xplan, { loss = example_loss })
-local budget = budget_bytes(keep.keep_peak)
+local ok, budget = pcall(cli.budget, o.budget, keep.keep_peak)
+if not ok then usage(budget) end
 if budget then
   model:checkpoint(policy.budget(budget))
   print(("keeping every activation needs %s; training under policy.budget(%s) (%s of it)"):format(

@@ -65,29 +65,10 @@ local function example_input()
   return remat.rand(o.batch, 784)
 end
 
--- Labels made outside the loss: the loss also runs inside dry runs (model:plan), where
--- tensors have no data to fill.
-local example_labels
-do
-  local labels = {}
-  for i = 1, o.batch do labels[i] = (i % 10) + 1 end
-  example_labels = remat.tensor(labels)
-end
-local function example_loss(y) return nn.cross_entropy(y, example_labels) end
+local example_loss = cli.example_loss(o.batch, 10)
 
 if o.plan then
   return { model = build(), input = example_input, loss = example_loss }
-end
-
--- Parses --budget: "none", "60%" (of the keep-everything peak), or bytes ("3MiB", 3e6).
-local function budget_bytes(keep_peak)
-  local b = o.budget
-  if b == "none" then return nil end
-  local pct = b:match("^([%d.]+)%%$")
-  if pct then return math.floor(keep_peak * tonumber(pct) / 100) end
-  local bytes = remat.memory.parse(b)
-  if not bytes then usage("--budget: cannot read " .. b .. " (60%, 3MiB, 3e6 or none)") end
-  return bytes
 end
 
 local train = remat.data.fashion_mnist("train", { limit = o.train_limit })
@@ -100,7 +81,8 @@ print(model)
 -- The plan: keep-everything peak first, then a budget below it.
 local xplan = example_input()
 local keep = model:plan(xplan, { loss = example_loss })
-local budget = budget_bytes(keep.keep_peak)
+local ok, budget = pcall(cli.budget, o.budget, keep.keep_peak)
+if not ok then usage(budget) end
 if budget then
   model:checkpoint(policy.budget(budget))
   print(("keeping every activation needs %s; training under policy.budget(%s) (%s of it)"):format(

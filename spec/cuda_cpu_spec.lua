@@ -13,11 +13,7 @@ local function sh(cmd)
   return out, tonumber(out:match("rc=(%d+)%s*$"))
 end
 
-local function exists(path)
-  local f = io.open(path)
-  if f then f:close() end
-  return f ~= nil
-end
+local exists = require("support.shell").exists
 
 describe("the CUDA build #subprocess", function()
   local nvcc = sh("PATH=$PATH:/usr/local/cuda/bin command -v nvcc"):match("^(/%S+)")

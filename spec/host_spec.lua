@@ -8,37 +8,12 @@ local nn, optim, train = remat.nn, remat.optim, remat.train
 local build = os.getenv("REMAT_BUILD") or "build"
 local FMNIST = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
-
+local shell = require "support.shell"
+local run, exists = shell.run, shell.exists
 local read_file = require("support.files").read
 
 -- Builds the examples once (a no-op when they are up to date).
-local built, build_log
-local function ensure_built()
-  if built == nil then
-    local log = os.tmpname()
-    local cmd = ("make -s examples %s/libremat.so BUILD=%s > %s 2>&1"):format(build, build, log)
-    built = os.execute(cmd) == true
-    build_log = read_file(log)
-    os.remove(log)
-  end
-  assert(built, "make examples failed:\n" .. (build_log or ""))
-end
-
--- Runs a shell command line; returns stdout, stderr, exit code.
-local function run(cmdline)
-  local err = os.tmpname()
-  local p = assert(io.popen(cmdline .. " 2> " .. err, "r"))
-  local out = p:read("a")
-  local _, _, code = p:close()
-  local errout = read_file(err)
-  os.remove(err)
-  return out, errout, code
-end
+local ensure_built = shell.maker(("examples %s/libremat.so"):format(build), build)
 
 -- One thread each for OpenMP and OpenBLAS, as a game would leave cores to itself.
 local ENV = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "

@@ -11,22 +11,8 @@ local cwd = os.getenv("PWD")
 
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
--- Runs a shell command line; returns stdout, stderr, exit code.
-local function run(cmdline)
-  local err = os.tmpname()
-  local p = assert(io.popen(cmdline .. " 2> " .. err, "r"))
-  local out = p:read("a")
-  local _, _, code = p:close()
-  local errout = files.read(err)
-  os.remove(err)
-  return out, errout, code
-end
-
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
+local shell = require "support.shell"
+local run, exists = shell.run, shell.exists
 
 local function has(cmd) return os.execute("command -v " .. cmd .. " > /dev/null 2>&1") == true end
 

@@ -8,26 +8,9 @@ local files = require "support.files"
 
 local build = os.getenv("REMAT_BUILD") or "build"
 
-local built, build_log
-local function ensure_built()
-  if built == nil then
-    local log = os.tmpname()
-    built = os.execute(("make -s %s/examples/checkpoint %s/remat BUILD=%s > %s 2>&1"):format(build, build, build, log)) == true
-    build_log = files.read(log)
-    os.remove(log)
-  end
-  assert(built, "make examples failed:\n" .. (build_log or ""))
-end
-
-local function run(cmdline)
-  local err = os.tmpname()
-  local p = assert(io.popen(cmdline .. " 2> " .. err, "r"))
-  local out = p:read("a")
-  local _, _, code = p:close()
-  local errout = files.read(err)
-  os.remove(err)
-  return out, errout, code
-end
+local shell = require "support.shell"
+local run = shell.run
+local ensure_built = shell.maker(("%s/examples/checkpoint %s/remat"):format(build, build), build)
 
 local ENV = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
 local SHAPE = { blocks = 6, width = 32, batch = 256 }

@@ -1,4 +1,5 @@
--- Command-line flags for scripts run as `remat SCRIPT args...` (models/*.lua):
+-- Command-line flags and shared conventions for scripts run as `remat SCRIPT args...`
+-- (models/*.lua):
 --   local o = require("remat.cli").parse({ ... }, defaults, { numbers = {...}, ... })
 -- Hand-written rather than lua-argparse: remat's Lua library is embedded in remat.so and
 -- runs in any host's lua_State and from a rock with no other Lua module installed; the
@@ -45,6 +46,29 @@ function cli.parse(argv, o, spec)
     i = i + 1
   end
   return o
+end
+
+-- Reads a --budget value: "none" (nil: no budget), "P%" (P percent of keep_peak, the
+-- keep-everything activation peak in bytes) or a byte count ("3MiB", "3e6"). Returns
+-- the bytes, or nil; raises "--budget: cannot read VALUE" for anything else.
+function cli.budget(value, keep_peak)
+  if value == "none" then return nil end
+  local pct = tostring(value):match("^([%d.]+)%%$")
+  if pct and tonumber(pct) then return math.floor(keep_peak * tonumber(pct) / 100) end
+  local bytes = require("remat").memory.parse(value)
+  if not bytes then error("--budget: cannot read " .. tostring(value) .. " (60%, 3MiB, 3e6 or none)", 0) end
+  return bytes
+end
+
+-- The loss of a script's `--plan` table (the convention of `remat plan SCRIPT`): cross
+-- entropy against n fixed labels 1, 2, ..., classes, 1, 2, ... made once here, because
+-- the loss also runs inside dry runs, where tensors have no data to fill.
+function cli.example_loss(n, classes)
+  local remat = require "remat"
+  local labels = {}
+  for i = 1, n do labels[i] = (i % classes) + 1 end
+  local y = remat.tensor(labels)
+  return function(out) return remat.nn.cross_entropy(out, y) end
 end
 
 return cli
