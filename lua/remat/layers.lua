@@ -1,7 +1,7 @@
 -- Image and normalisation layers written with the op registry's ops, so they run on
 -- every backend, record on the tape like any layer and replay under checkpointing:
 --   nn.Conv2d(in, out, kernel [, opts])   unfold (im2col) + a batched GEMM (+ bias)
---   nn.MaxPool2d(kernel [, opts])         unfold with -inf padding + max over the window
+--   nn.MaxPool2d(kernel [, opts])         the maxpool2d op (padding reads -inf)
 --   nn.AvgPool2d(kernel [, opts])         unfold with zero padding + mean (padding counts)
 --   nn.BatchNorm1d(n [, opts]), nn.BatchNorm2d(n [, opts])
 --   nn.PositionalEmbedding(block, dim)    x (B, T, dim) + a learned (T, dim) table
@@ -116,16 +116,9 @@ function nn.Conv2d(cin, cout, kernel, opts)
     local L = ho * wo
     local weight <close> = self.weight
     local bias <close> = self.bias
-    if G == 1 then
-      -- one GEMM over every window of the batch (linear, bias fused) beats B small ones
-      local ct <close> = cols:transpose(2, 3)
-      local rows <close> = ct:reshape(s[1] * L, kk)                                -- (B*L, in*kh*kw)
-      local w <close> = weight:view(co, kk)
-      local y <close> = bias and op(C.ops.linear, nil, rows, w, bias) or op(C.ops.linear, nil, rows, w) -- (B*L, out)
-      local y3 <close> = y:view(s[1], L, co)
-      local yt <close> = y3:transpose(2, 3)
-      return yt:reshape(s[1], co, ho, wo)
-    end
+    -- per image and group, (out/G, kk) x (kk, L): the result is already (B, out, L),
+    -- where one (B*L, kk) GEMM needed the columns and its result transposed (two copies
+    -- forward, two back), which cost more than the GEMMs' size saves
     local cg <close> = cols:view(s[1], G, kk, L)
     local w <close> = weight:view(G, co // G, kk)
     local y <close> = w:matmul(cg)                                                 -- (B, G, out/G, L)
@@ -156,15 +149,9 @@ local function pool(kind, kernel, opts)
       local s = check_image(kind, x)
       local geo = self.geometry
       local ho, wo = out_hw(x, geo)
-      local cols <close> = op(C.ops.unfold, window(geo, is_max and -math.huge or 0), x)
+      if is_max then return op(C.ops.maxpool2d, window(geo, 0), x) end
+      local cols <close> = op(C.ops.unfold, window(geo, 0), x)
       local w <close> = cols:view(s[1], s[2], geo[1] * geo[2], ho * wo)
-      if is_max then
-        local r, idx = w:max(3)
-        idx:free()
-        local v = r:view(s[1], s[2], ho, wo)
-        r:free()
-        return v
-      end
       local r <close> = w:mean(3)
       return r:view(s[1], s[2], ho, wo)
     end,

@@ -1,4 +1,4 @@
--- Spec cases for unfold (im2col) and fold (col2im) (see spec/ops_spec.lua for the
+-- Spec cases for unfold (im2col), fold (col2im) and max pooling (see spec/ops_spec.lua for the
 -- contract). References are naive Lua loops over the stored values.
 local remat = require "remat"
 local kit = require "support.kit"
@@ -67,6 +67,48 @@ local GEOS = {
   { name = "1x1", g = { 1, 1, 1, 1, 0, 0, 1, 1 } },
   { name = "5x5 over a 5x7 image with dilation 1x2", g = { 5, 2, 1, 3, 1, 0, 1, 2 } },
 }
+
+-- Max pooling: per window the first maximum in window order (padding reads -inf, the
+-- first NaN wins); returns the values and, per output, the flat input index (1-based)
+-- it came from (false: padding).
+local function maxpool_ref(v, B, Cc, H, W, g)
+  local kh, kw, sh, sw, ph, pw, dh, dw = table.unpack(g)
+  local Ho, Wo = out_size(H, kh, sh, ph, dh), out_size(W, kw, sw, pw, dw)
+  local out, from = {}, {}
+  for b = 0, B - 1 do
+    for c = 0, Cc - 1 do
+      for oh = 0, Ho - 1 do
+        for ow = 0, Wo - 1 do
+          local best, at
+          for i = 0, kh - 1 do
+            for j = 0, kw - 1 do
+              local h, w = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+              local x, k = -inf, false
+              if h >= 0 and h < H and w >= 0 and w < W then
+                k = ((b * Cc + c) * H + h) * W + w + 1
+                x = v[k]
+              end
+              if best == nil or (best == best and (x > best or x ~= x)) then best, at = x, k end
+            end
+          end
+          out[#out + 1], from[#from + 1] = best, at
+        end
+      end
+    end
+  end
+  return out, from, { B, Cc, Ho, Wo }
+end
+
+-- Its adjoint: each output gradient added to the input it came from, in output order.
+local function maxpool_backward_ref(v, gy, B, Cc, H, W, g)
+  local _, from = maxpool_ref(v, B, Cc, H, W, g)
+  local gx = {}
+  for k = 1, B * Cc * H * W do gx[k] = 0 end
+  for o, k in ipairs(from) do
+    if k then gx[k] = gx[k] + gy[o] end
+  end
+  return gx
+end
 
 return function(K)
   local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
@@ -137,6 +179,69 @@ return function(K)
         ["size-1 image with padding"] = function() check_fold(1, 1, 1, 1, { 3, 3, 1, 1, 1, 1, 1, 1 }) end,
         ["mismatched columns are an error"] = function()
           kit.raises("fold: columns of size", op, "fold", window({ 3, 3, 1, 1, 0, 0, 1, 1 }, { height = 5, width = 5 }), (K.rand({ 1, 9, 10 })))
+        end,
+      },
+    },
+    maxpool2d = {
+      forward = {
+        ["odd sizes and every geometry, overlapping windows included"] = function()
+          local shape = { 2, 3, 5, 7 }
+          local x, v = K.rand_stored(shape)
+          for _, G in ipairs(GEOS) do
+            local e, _, oshape = maxpool_ref(v, 2, 3, 5, 7, G.g)
+            K.check(op("maxpool2d", window(G.g), x), e, oshape)
+          end
+        end,
+        ["size-1 batch, channel and image, with padding"] = function()
+          local x, v = K.rand_stored({ 1, 1, 1, 1 })
+          local e, _, oshape = maxpool_ref(v, 1, 1, 1, 1, { 3, 3, 1, 1, 1, 1, 1, 1 })
+          K.check(op("maxpool2d", window({ 3, 3, 1, 1, 1, 1, 1, 1 }), x), e, oshape)
+        end,
+        ["non-contiguous input"] = function()
+          local base = K.rand({ 2, 3, 7, 5 })
+          local x = op("transpose", { dim0 = 2, dim1 = 3 }, base)
+          local e, _, oshape = maxpool_ref(host(x), 2, 3, 5, 7, GEOS[2].g)
+          K.check(op("maxpool2d", window(GEOS[2].g), x), e, oshape)
+        end,
+        ["NaN wins, -inf inputs, ties pick the first"] = function()
+          local v = { 1, 0 / 0, 3, 3, -inf, -inf, -inf, -inf, 2, 2, 2, 2, 5, 0 / 0, 0 / 0, 7 }
+          local x = K.tensor(v, { 1, 4, 2, 2 })
+          local e, _, oshape = maxpool_ref(v, 1, 4, 2, 2, { 2, 2, 2, 2, 0, 0, 1, 1 })
+          K.check(op("maxpool2d", window({ 2, 2, 2, 2, 0, 0, 1, 1 }), x), e, oshape)
+          local gy = K.tensor({ 1, 2, 3, 4 }, { 1, 4, 1, 1 })
+          -- the gradient goes to the first NaN, the first -inf and the first of the ties
+          K.check(op("maxpool2d_backward", window({ 2, 2, 2, 2, 0, 0, 1, 1 }), x, gy),
+                  { 0, 1, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 0, 4, 0, 0 }, { 1, 4, 2, 2 })
+        end,
+        ["bad geometry and shapes are errors"] = function()
+          local x = K.rand({ 1, 1, 3, 3 })
+          kit.raises("maxpool2d: a 4x4 window", op, "maxpool2d", window({ 4, 4, 1, 1, 0, 0, 1, 1 }), x)
+          kit.raises("maxpool2d: expected a 4-d input", op, "maxpool2d", window({ 2, 2, 2, 2, 0, 0, 1, 1 }), (K.rand({ 3, 3 })))
+        end,
+      },
+      grad = {
+        ["non-overlapping, overlapping with padding, and dilated windows"] = function()
+          kit.gradcheck(function(x) return op("maxpool2d", window({ 2, 2, 2, 2, 0, 0, 1, 1 }), x) end, { { shape = { 2, 2, 4, 6 } } })
+          kit.gradcheck(function(x) return op("maxpool2d", window(GEOS[2].g), x) end, { { shape = { 2, 2, 5, 4 } } })
+          kit.gradcheck(function(x) return op("maxpool2d", window(GEOS[3].g), x) end, { { shape = { 1, 2, 5, 6 } } })
+        end,
+      },
+    },
+    maxpool2d_backward = {
+      nodiff = "internal backward helper (maxpool2d's adjoint); its own gradient is never needed",
+      forward = {
+        ["the adjoint of maxpool2d for every geometry"] = function()
+          for _, G in ipairs(GEOS) do
+            local x, v = K.rand_stored({ 2, 3, 5, 7 })
+            local _, _, oshape = maxpool_ref(v, 2, 3, 5, 7, G.g)
+            local gy, gv = K.rand_stored(oshape)
+            K.check(op("maxpool2d_backward", window(G.g), x, gy), maxpool_backward_ref(v, gv, 2, 3, 5, 7, G.g),
+                    { 2, 3, 5, 7 }, K.dtype == "float32" and 1e-5 or nil)
+          end
+        end,
+        ["a gradient of the wrong shape is an error"] = function()
+          local x = K.rand({ 1, 1, 4, 4 })
+          kit.raises("maxpool2d_backward: the gradient", op, "maxpool2d_backward", window({ 2, 2, 2, 2, 0, 0, 1, 1 }), x, (K.rand({ 1, 1, 3, 2 })))
         end,
       },
     },
