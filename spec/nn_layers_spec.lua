@@ -271,8 +271,9 @@ describe("BatchNorm running statistics under checkpointing", function()
   end
 
   -- Budget plans: the budgets are found here, from this model's own plans (the smallest
-  -- activation budget any plan fits, and halfway up to keeping everything), so that the
-  -- rest of the suite cannot move them; each must recompute a BatchNorm layer.
+  -- activation budget any plan fits, then steps up to keeping everything), so that the
+  -- rest of the suite cannot move them; the ones whose plan replays a BatchNorm layer
+  -- are checked (at least one must).
   it("replays never update them again, and gradients are unchanged, under budget plans", function()
     local m = build()
     local loss = function(y) return nn.cross_entropy(y, lab) end
@@ -281,7 +282,9 @@ describe("BatchNorm running statistics under checkpointing", function()
     assert.is_false(ok)
     local smallest = math.tointeger(tonumber(tostring(err):match("policy%.budget%((%d+)%)")))
     assert.truthy(smallest, err)
-    for _, b in ipairs { smallest, (smallest + keep) // 2 } do
+    local checked, plans = 0, {}
+    for k = 0, 7 do
+      local b = smallest + (keep - smallest) * k // 8
       local plan = m:plan(x, { loss = loss, policy = policy.budget(b) })
       local replayed = false
       for _, l in ipairs(plan.layers) do
@@ -289,11 +292,15 @@ describe("BatchNorm running statistics under checkpointing", function()
           replayed = replayed or l.action == "recompute" or l.action == "boundary"
         end
       end
-      assert.is_true(replayed, ("budget %d: no BatchNorm layer is replayed\n%s"):format(b, tostring(plan)))
-      local stats, grads = run(policy.budget(b))
-      for i = 1, #ref_stats do assert.are.same(ref_stats[i], stats[i]) end
-      for i = 1, #ref_grads do assert.are.same(ref_grads[i], grads[i]) end
+      plans[#plans + 1] = tostring(plan)
+      if replayed and checked < 2 then
+        checked = checked + 1
+        local stats, grads = run(policy.budget(b))
+        for i = 1, #ref_stats do assert.are.same(ref_stats[i], stats[i]) end
+        for i = 1, #ref_grads do assert.are.same(ref_grads[i], grads[i]) end
+      end
     end
+    assert.is_true(checked > 0, "no budget plan replays a BatchNorm layer:\n" .. table.concat(plans, "\n"))
   end)
 end)
 

@@ -3,7 +3,7 @@
 --   nn.Conv2d(in, out, kernel [, opts])   unfold (im2col) + a batched GEMM (+ bias)
 --   nn.MaxPool2d(kernel [, opts])         the maxpool2d op (padding reads -inf)
 --   nn.AvgPool2d(kernel [, opts])         unfold with zero padding + mean (padding counts)
---   nn.BatchNorm1d(n [, opts]), nn.BatchNorm2d(n [, opts])
+--   nn.BatchNorm1d(n [, opts]), nn.BatchNorm2d(n [, opts])   the batchnorm op (training)
 --   nn.PositionalEmbedding(block, dim)    x (B, T, dim) + a learned (T, dim) table
 --   nn.Flatten()                          (B, ...) -> (B, n)
 -- Sizes (kernel, stride, padding, dilation) are a number or { h, w }.
@@ -163,13 +163,6 @@ function nn.MaxPool2d(kernel, opts) return pool("MaxPool2d", kernel, opts) end
 -- nn.AvgPool2d(kernel, { stride = kernel, padding = 0 }): padding counts as zeros.
 function nn.AvgPool2d(kernel, opts) return pool("AvgPool2d", kernel, opts) end
 
--- Mean of x over dims (kept as size 1), dims in descending order.
-local function mean_over(x, dims)
-  local r = x
-  for _, d in ipairs(dims) do r = r:mean(d, true) end
-  return r
-end
-
 -- Batch normalisation over every dim but 2 (channels). Training: batch statistics
 -- (biased variance) normalise; the running mean and variance (unbiased) move by
 -- momentum, outside the tape: a checkpointed layer replays its forward from the tape,
@@ -199,31 +192,38 @@ local function batchnorm(kind, rank, n, opts)
       fail(("%s: expected a %s input, got %d-d"):format(kind, rank == 1 and "(N, C) or (N, C, L)" or "(N, C, H, W)", #s))
     end
     if s[2] ~= self.num_features then fail(("%s: the input has %d channels, expected %d"):format(kind, s[2], self.num_features)) end
-    local bshape, dims, count = { 1, s[2] }, {}, s[1]
-    for d = #s, 3, -1 do dims[#dims + 1] = d; count = count * s[d] end
-    dims[#dims + 1] = 1
-    for d = 3, #s do bshape[d] = 1 end
+    local bshape, count = { 1, s[2] }, s[1]
+    for d = 3, #s do bshape[d] = 1; count = count * s[d] end
     local dev, dt = x:device(), x:dtype()
     if self.running_mean:device() ~= dev or self.running_mean:dtype() ~= dt then
       self.running_mean = self.running_mean:to { device = dev, dtype = dt }
       self.running_var = self.running_var:to { device = dev, dtype = dt }
     end
-    local mean, var
     if self:is_training() then
       if count < 2 then fail(("%s: training needs more than one value per channel (got %d)"):format(kind, count)) end
-      mean = mean_over(x, dims)
-      local xc = x - mean
-      var = mean_over(xc * xc, dims)
+      -- one fused op (batch statistics, normalise, scale, shift); its mean and biased
+      -- variance move the running statistics here, outside the tape
+      local y, mean, var
+      if self.weight then
+        y, mean, var = op(C.ops.batchnorm, { eps = self.eps }, x, self.weight, self.bias)
+      else
+        y, mean, var = op(C.ops.batchnorm, { eps = self.eps }, x)
+      end
       local m, unbias = self.momentum, count / (count - 1)
       remat.no_grad(function()
-        local bm, bv = mean:view(s[2]), var:view(s[2])
-        self.running_mean:copy_(self.running_mean * (1 - m) + bm * m)
-        self.running_var:copy_(self.running_var * (1 - m) + bv * (m * unbias))
+        -- the statistics are float32 for a bfloat16 input
+        local mt = mean:dtype() == dt and mean or mean:to { dtype = dt }
+        local vt = var:dtype() == dt and var or var:to { dtype = dt }
+        self.running_mean:copy_(self.running_mean * (1 - m) + mt * m)
+        self.running_var:copy_(self.running_var * (1 - m) + vt * (m * unbias))
+        if mt ~= mean then mt:free() end
+        if vt ~= var then vt:free() end
       end)
-      local y = xc * (var + self.eps):pow(-0.5)
-      return self.weight and (y * self.weight:view(bshape) + self.bias:view(bshape)) or y
+      mean:free()
+      var:free()
+      return y
     end
-    mean, var = self.running_mean:view(bshape), self.running_var:view(bshape)
+    local mean, var = self.running_mean:view(bshape), self.running_var:view(bshape)
     local y = (x - mean) * (var + self.eps):pow(-0.5)
     return self.weight and (y * self.weight:view(bshape) + self.bias:view(bshape)) or y
   end
