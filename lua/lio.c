@@ -235,22 +235,22 @@ static int l_memory_room(lua_State *L) {
   return 0;
 }
 
-/* C.encode_bytes(str, map, category) -> float32 1-D tensor with map[byte] for each
- * byte of str (map: byte value 0..255 -> index). */
+/* C.encode_bytes(str, map, category) -> int64 1-D tensor with map[byte] for each byte
+ * of str (map: byte value 0..255 -> index). */
 static int l_encode_bytes(lua_State *L) {
   const char *fn = "encode";
   size_t n;
   const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &n);
   luaL_checktype(L, 2, LUA_TTABLE);
   rm_category cat = check_category(L, 3, RM_CAT_DATA, fn);
-  float lut[256];
+  int64_t lut[256];
   for (int b = 0; b < 256; b++) {
     lua_rawgeti(L, 2, b);
-    lut[b] = lua_isnumber(L, -1) ? (float)lua_tonumber(L, -1) : 0.0f;
+    lut[b] = lua_isinteger(L, -1) ? (int64_t)lua_tointeger(L, -1) : 0;
     lua_pop(L, 1);
   }
   for (size_t i = 0; i < n; i++)
-    if (lut[s[i]] == 0.0f) {
+    if (lut[s[i]] == 0) {
       char shown[8] = "";
       if (s[i] >= 0x20 && s[i] < 0x7f) snprintf(shown, sizeof shown, "'%c' ", s[i]);
       return rm_lua_errorf(L, "%s: character %s(byte value %d) at position %d is not in the vocabulary", fn, shown,
@@ -258,9 +258,9 @@ static int l_encode_bytes(lua_State *L) {
     }
   int64_t shape[1] = { (int64_t)n };
   rm_ctx *ctx = rm_lua_ctx(L);
-  rm_tensor *t = rm_tensor_new(ctx, RM_F32, RM_CPU, 1, shape, cat);
+  rm_tensor *t = rm_tensor_new(ctx, RM_I64, RM_CPU, 1, shape, cat);
   if (t && n) {
-    float *d = rm_tensor_ptr(t);
+    int64_t *d = rm_tensor_ptr(t);
     if (d)
       for (size_t i = 0; i < n; i++) d[i] = lut[s[i]];
   }

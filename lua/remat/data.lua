@@ -173,7 +173,7 @@ data.Text = Text
 -- opts: block (context length T, default 64), val_fraction (the last part of the text
 -- held out, default 0.1), rank and world_size (each rank trains on its own contiguous
 -- part of the training text). Fields: vocab (sorted unique characters), vocab_size,
--- block, train and val (1-D tensors of 1-based indices).
+-- block, train and val (1-D int64 tensors of 1-based indices).
 function data.text(path, opts)
   local fn = "remat.data.text"
   if type(path) ~= "string" then fail(fn .. ": the path must be a string, got " .. type(path)) end
@@ -218,7 +218,7 @@ function Text:__tostring()
     self.path, self.n_train + self.n_val, self.n_train, self.n_val, self.vocab_size, self.block)
 end
 
--- ds:encode(str) -> 1-D float32 tensor of 1-based vocabulary indices.
+-- ds:encode(str) -> 1-D int64 tensor of 1-based vocabulary indices.
 function Text:encode(str)
   if type(str) ~= "string" then fail("encode: expected a string, got " .. type(str)) end
   return C.encode_bytes(str, self.stoi)
@@ -252,8 +252,8 @@ function Text:batch(B, split)
     w = C.windows(src, T)
     self.windows[split] = w
   end
-  -- x and y (float32), the starts table and its scratch, checked before any is taken
-  C.memory_room(2.0 * B * T * 4 + 24.0 * B, "batch")
+  -- x and y (int64), the starts table and its scratch, checked before any is taken
+  C.memory_room(2.0 * B * T * 8 + 24.0 * B, "batch")
   local starts = C.randint(L - T, B, "batch")
   local x = C.take_rows(w, starts, 1, B, "data")
   for k = 1, B do starts[k] = starts[k] + 1 end
