@@ -9,15 +9,7 @@ local exe = build .. "/remat"
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
 -- Runs `remat plan ARGS`; returns stdout, stderr, exit code.
-local function plan(args)
-  local err = os.tmpname()
-  local p = assert(io.popen(("%s plan %s 2> %s"):format(exe, args, err), "r"))
-  local out = p:read("a")
-  local _, _, code = p:close()
-  local e = files.read(err)
-  os.remove(err)
-  return out, e, code
-end
+local function plan(args) return require("support.shell").run(("%s plan %s"):format(exe, args)) end
 
 local function script(src)
   local path = os.tmpname() .. ".lua"

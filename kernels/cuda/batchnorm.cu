@@ -72,42 +72,39 @@ static void bn_dims(const rm_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
   for (int d = 2; d < x->ndim; d++) *S *= x->shape[d];
 }
 
-RM_CUDA_KERNEL(batchnorm) {
+/* Launches the forward (bwd false) or the backward helper, one block per channel, on
+ * contiguous copies of strided inputs. */
+static int bn_launch(rm_ctx *ctx, int nin, rm_tensor *const *in, rm_tensor *const *out, const rm_attrs *a, bool bwd) {
+  const char *name = bwd ? "batchnorm_backward" : "batchnorm";
   int64_t N, C, S;
   bn_dims(in[0], &N, &C, &S);
   if (N * C * S == 0) return RM_OK;
+  rm_dtype dt = out[0]->dtype;
+  if (dt != RM_F32 && dt != RM_F64 && dt != RM_BF16) return cu_bad_dtype(ctx, name, dt); /* before the copies */
   cu_inputs ci;
   int rc = cu_inputs_get(ctx, nin, in, &ci);
   cudaStream_t st = cu_st(ctx)->stream;
-  if (!rc) {
-    CU_DISPATCH(ctx, "batchnorm", out[0]->dtype,
-                bn_fwd_kernel<T><<<(unsigned)C, 256, 0, st>>>(
-                    (const T *)ci.p[0], nin > 1 ? (const T *)ci.p[1] : NULL, nin > 2 ? (const T *)ci.p[2] : NULL,
-                    (T *)cu_ptr(out[0]), (typename cu_acc<T>::type *)cu_ptr(out[1]),
-                    (typename cu_acc<T>::type *)cu_ptr(out[2]), N, C, S, a->norm.eps));
-    rc = CU_LAUNCHED(ctx, "batchnorm");
-  }
-  cu_inputs_free(ctx, &ci);
-  return rc;
-}
-
-RM_CUDA_KERNEL(batchnorm_backward) {
-  int64_t N, C, S;
-  bn_dims(in[0], &N, &C, &S);
-  if (N * C * S == 0) return RM_OK;
-  cu_inputs ci;
-  int rc = cu_inputs_get(ctx, nin, in, &ci);
-  cudaStream_t st = cu_st(ctx)->stream;
-  if (!rc) {
-    CU_DISPATCH(ctx, "batchnorm_backward", out[0]->dtype,
+  if (rc) return rc;
+  if (bwd) {
+    CU_DISPATCH(ctx, name, dt,
                 bn_bwd_kernel<T><<<(unsigned)C, 256, 0, st>>>(
                     (const T *)ci.p[0], (const typename cu_acc<T>::type *)ci.p[1],
                     (const typename cu_acc<T>::type *)ci.p[2], (const T *)ci.p[3],
                     nin > 4 ? (const T *)ci.p[4] : NULL, (T *)cu_ptr(out[0]), (T *)cu_ptr(out[1]),
                     (T *)cu_ptr(out[2]), N, C, S, a->batchnorm_backward.eps,
                     (a->batchnorm_backward.want & 1) != 0));
-    rc = CU_LAUNCHED(ctx, "batchnorm_backward");
+  } else {
+    CU_DISPATCH(ctx, name, dt,
+                bn_fwd_kernel<T><<<(unsigned)C, 256, 0, st>>>(
+                    (const T *)ci.p[0], nin > 1 ? (const T *)ci.p[1] : NULL, nin > 2 ? (const T *)ci.p[2] : NULL,
+                    (T *)cu_ptr(out[0]), (typename cu_acc<T>::type *)cu_ptr(out[1]),
+                    (typename cu_acc<T>::type *)cu_ptr(out[2]), N, C, S, a->norm.eps));
   }
+  rc = CU_LAUNCHED(ctx, name);
   cu_inputs_free(ctx, &ci);
   return rc;
 }
+
+RM_CUDA_KERNEL(batchnorm) { return bn_launch(ctx, nin, in, out, a, false); }
+
+RM_CUDA_KERNEL(batchnorm_backward) { return bn_launch(ctx, nin, in, out, a, true); }
