@@ -261,6 +261,33 @@ case("sgd_step momentum, dampening", "sgd_step", { lr = 0.05, momentum = 0.8, we
 case("adamw_step t=3", "adamw_step", { lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, step = 3, decoupled = true, weight_decay = wd_bits(0.01) },
   { { shape = { 6, 4 } }, { shape = { 6, 4 } }, { shape = { 6, 4 } }, { shape = { 6, 4 }, lo = 0, hi = 1 } })
 
+-- clamp, sorting and scans
+case("clamp 5x7", "clamp", { lo = -0.5, hi = 0.7 }, { { shape = { 5, 7 } } }, { grad = true })
+case("clamp NaN, inf", "clamp", { lo = -1, hi = 1 }, { { shape = { 3 }, vals = { 0 / 0, math.huge, -math.huge } } })
+case("min dim 1 of 5x7", "min", { dim = 0, keepdim = false }, { { shape = { 5, 7 } } }, { grad = true })
+case("min last dim, transposed, keepdim", "min", { dim = -1, keepdim = true }, { { shape = { 6, 5 }, t = true } }, { grad = true })
+case("sort rows of 4x9", "sort", { dim = -1, descending = false }, { { shape = { 4, 9 } } }, { grad = true })
+case("sort dim 1 of 6x3, descending", "sort", { dim = 0, descending = true }, { { shape = { 6, 3 } } }, { grad = true })
+case("topk 3 of 9, largest", "topk", { dim = -1, k = 3, largest = true }, { { shape = { 4, 9 } } }, { grad = true })
+case("topk 2 of 5, smallest, transposed", "topk", { dim = -1, k = 2, largest = false }, { { shape = { 3, 5 }, t = true } }, { grad = true })
+case("cumsum rows of 3x6", "cumsum", { dim = 1, reverse = false }, { { shape = { 3, 6 } } }, { grad = true })
+case("cumsum dim 1 reversed, transposed", "cumsum", { dim = 0, reverse = true }, { { shape = { 5, 4 }, t = true } }, { grad = true })
+
+-- sliding windows, pooling, batch normalisation
+local function window(kh, kw, s, p, more)
+  local a = { kh = kh, kw = kw, stride_h = s, stride_w = s, pad_h = p, pad_w = p, dilation_h = 1, dilation_w = 1 }
+  for k, v in pairs(more or {}) do a[k] = v end
+  return a
+end
+case("unfold 3x3 stride 2 pad 1 of 2x3x5x7", "unfold", window(3, 3, 2, 1), { { shape = { 2, 3, 5, 7 } } }, { grad = true })
+case("fold (unfold's adjoint) to 2x3x5x7", "fold", window(3, 3, 2, 1, { height = 5, width = 7 }), { { shape = { 2, 27, 12 } } })
+case("maxpool2d 2x2 of 2x3x6x5", "maxpool2d", window(2, 2, 2, 0), { { shape = { 2, 3, 6, 5 } } }, { grad = true })
+case("maxpool2d 3x3 stride 1 pad 1 (overlapping)", "maxpool2d", window(3, 3, 1, 1), { { shape = { 1, 2, 5, 4 } } }, { grad = true })
+case("batchnorm 4x3x5 affine", "batchnorm", { eps = 1e-5 }, { { shape = { 4, 3, 5 } }, { shape = { 3 }, lo = 0.5, hi = 1.5 }, { shape = { 3 } } }, { grad = true })
+case("batchnorm 6x4 no affine", "batchnorm", { eps = 1e-5 }, { { shape = { 6, 4 } } }, { grad = true })
+case("rmsprop_step centered, momentum", "rmsprop_step", { lr = 0.01, alpha = 0.9, eps = 1e-8, momentum = 0.9, weight_decay = 0.01, centered = true },
+  { { shape = { 4, 5 } }, { shape = { 4, 5 } }, { shape = { 4, 5 }, lo = 0.5, hi = 1 }, { shape = { 4, 5 } }, { shape = { 4, 5 }, lo = -0.1, hi = 0.1 } })
+
 -- ops that take bfloat16 on CUDA (elementwise, matmul, norms)
 local BF16_OK = { add = true, mul = true, sub = true, gelu = true, relu = true, silu = true, exp = true, tanh = true,
   matmul = true, linear = true, layernorm = true, rmsnorm = true, softmax = true, attention = true }
