@@ -122,6 +122,27 @@ describe("per-op timers", function()
     assert.is_nil(next(C.op_timing()))
   end)
 
+  it("show a segment's last layer replaying only what its own backward reads", function()
+    -- a block's backward reads fc2's input, GELU's input and the block input: of the
+    -- segment's last block, fc2 and the residual add are never replayed
+    remat.manual_seed(7)
+    local layers = {}
+    for i = 1, 6 do layers[i] = nn.Residual(nn.Sequential { nn.Linear(8, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 8) }) end
+    local m = nn.Sequential(layers)
+    for _, case in ipairs { { policy.every(1), 6, 0 }, { policy.every(3), 10, 4 } } do
+      m:checkpoint(case[1])
+      C.op_timers(true)
+      m(remat.randn(4, 8)):sum():backward()
+      C.op_timers(false)
+      local t = C.op_timing()
+      assert.equal(12, t.linear.calls)
+      assert.equal(case[2], t.linear.replay_calls, tostring(case[1]))
+      assert.equal(case[3], t.add.replay_calls, tostring(case[1]))
+      assert.equal(6, t.gelu.replay_calls)
+      m:zero_grad()
+    end
+  end)
+
   it("show no op replayed more often than the forward ran it (no redundant chain replays)", function()
     -- every(10): one segment over all 8 blocks (each replays q, k and v from views of one
     -- qkv projection; those once piled up until the segment's replay ended, and past 32
