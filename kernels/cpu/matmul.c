@@ -3,6 +3,7 @@
  * is, with the matching transpose flag and leading dimension; anything else is first
  * copied into a contiguous workspace tensor. */
 #include <limits.h>
+#include <omp.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -116,6 +117,13 @@ RM_CPU_KERNEL(matmul) {
     gemm(ctx, y->dtype, A.bm, B.bm, batch * M, N, K, pa, pb, 0.0, py, N);
     goto done;
   }
+  /* A batch of products each too small to split by rows (rm_cpu_gemm): the batch is
+   * split over the threads instead, each product a single-threaded call on one thread
+   * (so every result is the same for any thread count). Left to the BLAS, a CNN's
+   * per-image products ran slower on 2 threads than on 1. */
+  const bool par = batch > 1 && M < 64 && (double)M * (double)N * (double)K * (double)batch > RM_CPU_PAR_MIN &&
+                   !omp_in_parallel();
+  _Pragma("omp parallel for if (par) schedule(static)")
   for (int64_t i = 0; i < batch; i++) {
     int64_t oa = 0, ob = 0, q = i;
     for (int d = nb - 1; d >= 0; d--) {
