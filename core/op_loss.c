@@ -4,11 +4,14 @@
  *   cross_entropy(logits, labels)             mean over rows of -log_softmax(row)[label];
  *                                             saves logits and labels, not probabilities
  *   cross_entropy_backward(logits, labels, g) (softmax(logits) - onehot(labels)) * g / N;
- *                                             g: the 0-d gradient of the loss
+ *                                             g: the 0-d gradient of the loss. Its kernels
+ *                                             may write over the logits (each row is read
+ *                                             whole before any of it is written)
  *   mse(pred, target)                         mean of (pred - target)^2, same shapes
  *
  * Labels are float32 or float64 whatever the logits' dtype; the kernels check their
  * range (they see the values). */
+#include "opcost.h"
 #include "ops.h"
 
 rm_tensor *rm_cross_entropy(rm_ctx *ctx, rm_tensor *logits, rm_tensor *labels) {
@@ -44,13 +47,40 @@ static int cross_entropy_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const
   return RM_OK;
 }
 
+/* Whether dlogits may be written over the logits: nothing reads these values after this
+ * backward. This node's saved slot is their only data user (no Lua handle, no other
+ * node saved them, no engine pin: a plan that keeps them holds a use), no other tensor
+ * views the storage (a freed (B, T, V) base of an (N, V) view has dropped it), and they
+ * are contiguous from its start. Anything else (the caller still holds the logits, the
+ * op before the loss saved its output for its own backward) gets a new tensor. */
+static bool logits_reusable(const rm_tensor *x) {
+  return x->users == 1 && x->pins == 0 && x->storage && x->storage->refcount == 1 && x->offset == 0 &&
+         rm_tensor_is_contiguous(x);
+}
+
+/* dlogits in place: a new tensor object over the logits' storage, written by the kernel
+ * (its version moves on, so a stray reader of the old values errors). */
+static rm_tensor *backward_in_place(rm_ctx *ctx, rm_tensor *const *in) {
+  rm_tensor *x = in[0];
+  rm_tensor *gx = rm_tensor_view_of(ctx, x, x->ndim, x->shape, x->stride, x->offset);
+  if (!gx) return NULL;
+  double t0 = ctx->op_timing ? rm_opcost_clock() : 0;
+  if (rm_op_into(ctx, RM_OP_CROSS_ENTROPY_BACKWARD, 3, in, NULL, 1, &gx)) {
+    rm_tensor_drop(ctx, gx);
+    return NULL;
+  }
+  if (ctx->op_timing && !ctx->dry) rm_opcost_record(ctx, RM_OP_CROSS_ENTROPY_BACKWARD, 3, in, NULL, rm_opcost_clock() - t0);
+  return gx;
+}
+
 static int cross_entropy_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   if (!rm_node_needs_grad(n, 0)) return RM_OK;
   rm_tensor *logits = rm_node_input(ctx, n, 0);
   rm_tensor *labels = logits ? rm_node_input(ctx, n, 1) : NULL;
   if (!labels) return ctx->err_code;
   rm_tensor *in[3] = { logits, labels, g[0] };
-  gin[0] = rm_op1(ctx, RM_OP_CROSS_ENTROPY_BACKWARD, 3, in, NULL);
+  if (logits_reusable(logits)) gin[0] = backward_in_place(ctx, in);
+  else gin[0] = rm_op1(ctx, RM_OP_CROSS_ENTROPY_BACKWARD, 3, in, NULL);
   return gin[0] ? RM_OK : ctx->err_code;
 }
 

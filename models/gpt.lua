@@ -144,12 +144,13 @@ for step = 1, o.steps do
   local x, y = ds:batch(o.batch)
   local logits = model(x)
   local loss = nn.cross_entropy(logits, y)
+  logits:free() -- the loss holds them: its backward then writes their gradient over them
   loss:backward()
   optim.clip_grad_norm(opt.params, 1.0)
   opt:step()
   opt:zero_grad()
   local l = loss:item()
-  free(x, y, logits, loss)
+  free(x, y, loss)
   first_loss = first_loss or l
   sum, n = sum + l, n + 1
   if step % o.every == 0 or step == o.steps then

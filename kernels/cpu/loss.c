@@ -1,5 +1,7 @@
 /* CPU kernels for the losses (see core/op_loss.c). Row math and sums run in double for
- * both dtypes. Sums are split into a fixed number of chunks that depends only on the
+ * both dtypes. cross_entropy_backward may write over its logits (core/op_loss.c does so
+ * when nothing reads them afterwards): each row is read whole (its lse) before it is
+ * written, and element j is read just before it is written. Sums are split into a fixed number of chunks that depends only on the
  * size, added in order, so the loss is bit-identical whatever the thread count. */
 #include <math.h>
 

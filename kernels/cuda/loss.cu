@@ -14,7 +14,16 @@
  * 1 write ~0.7 ms; before: 5 reads of the logits and 3 float64 exps per element (float64
  * runs at 1/2 to 1/64 the float32 rate), several ms. Writing dlogits from the forward
  * (one pass in all) needs the op to keep them, which it does not (they are as large as
- * the logits). */
+ * the logits).
+ * In place: when nothing reads the logits after the loss's backward (core/op_loss.c,
+ * logits_reusable: the caller freed its handle, no op saved them, no plan pins them),
+ * the backward writes dlogits over them (rm_op_into with the logits' storage as the
+ * output). ce_bwd_kernel allows that: a block reads its whole row (the lse pass, which
+ * ends in a __syncthreads) before any thread writes, and each thread then reads
+ * element j just before writing it. The bytes moved are the same (~0.7 ms at GPT-2
+ * small); what goes is the allocation of a second 823 MB buffer at the top of the
+ * step's memory (the logits are its largest activation): the step's peak is a logits
+ * buffer lower, and the caching allocator holds one segment less. */
 #include <math.h>
 
 #include "cuda_common.cuh"
