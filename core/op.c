@@ -199,6 +199,8 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
     for (int i = 0; i < nin && i < 32; i++)
       if (!((def->index_in >> i) & 1u) && check_kernel_dtype(ctx, b, op, in[i]->dtype)) return ctx->err_code;
   }
+  if (def->flags & RM_OPF_INPLACE)
+    return rm_fail(ctx, RM_ERR_ARG, "%s writes into its inputs: run it with op_into (no outputs)", def->name);
   int rc = def->infer ? def->infer(ctx, nin, in, a, meta) : default_infer(ctx, def, nin, in, meta);
   if (rc) return rc;
   for (int j = 0; j < nout; j++) {
@@ -437,6 +439,8 @@ int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm
     return rm_fail(ctx, RM_ERR_ARG, "%s takes %d inputs (got %d)", def->name, def->nin, nin);
   if (nout != def->nout)
     return rm_fail(ctx, RM_ERR_ARG, "%s writes %d outputs (got %d)", def->name, def->nout, nout);
+  if (def->flags & RM_OPF_INPLACE && (nin < 1 || nin % def->group))
+    return rm_fail(ctx, RM_ERR_ARG, "%s takes its inputs in groups of %d (got %d)", def->name, def->group, nin);
   for (int i = 0; i < nin; i++) {
     if (!in[i]) return rm_fail(ctx, RM_ERR_ARG, "%s: input %d is missing", def->name, i + 1);
     if (rm_tensor_data_ready(ctx, in[i])) return rm_fail_prefix(ctx, def->name);
@@ -469,9 +473,12 @@ int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm
       }
     }
   }
-  const rm_backend *b = rm_backend_get(ctx, out[0]->device);
+  const rm_backend *b = rm_backend_get(ctx, nout > 0 ? out[0]->device : in[0]->device);
   if (!b) return ctx->err_code;
   if (!b->kernel[op]) return rm_fail(ctx, RM_ERR_DEVICE, "%s is not supported on %s", def->name, b->name);
+  if (def->flags & RM_OPF_INPLACE) /* what it writes are its inputs: their dtypes as outputs' */
+    for (int i = 0; i < nin; i++)
+      if (check_kernel_dtype(ctx, b, op, in[i]->dtype)) return ctx->err_code;
   if (ctx->dry) return RM_OK;
   rm_tensor *args[RM_MAX_INPUTS];
   for (int i = 0; i < nin; i++) {
@@ -487,6 +494,9 @@ int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm
   int rc = b->kernel[op](ctx, nin, args, nout, out, a);
   for (int i = 0; i < nin; i++) rm_tensor_drop(ctx, args[i]);
   for (int j = 0; j < nout; j++) rm_tensor_written(out[j]);
+  if (def->flags & RM_OPF_INPLACE)
+    for (int i = 0; i < nin; i++)
+      if ((def->write_in >> (i % def->group)) & 1u) rm_tensor_written(in[i]);
   return rc;
 }
 

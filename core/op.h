@@ -73,6 +73,8 @@ enum {
   RM_OPF_RANDOM = 8,      /* draws from the generator: attrs seed/offset recorded */
   RM_OPF_NODIFF = 16,     /* not differentiable: outputs never require grad */
   RM_OPF_INTERNAL = 32,   /* a backward helper, not part of the user-facing API */
+  RM_OPF_INPLACE = 64,    /* no outputs: the kernel writes into its inputs (write_in); run
+                             only by rm_op_into with nout 0 */
 };
 
 /* save_in, save_out and nodiff_out name inputs / outputs by position: RM_NTH(0) |
@@ -92,6 +94,12 @@ typedef struct rm_op_def {
   unsigned index_in;      /* RM_NTH(i): input i holds index values (its infer checks the */
   unsigned index_out;     /* dtype); output j is int64 indices. Every other input and
                              output must be a dtype the backend declares for the op */
+  /* RM_OPF_INPLACE ops: the inputs come in groups of `group` (a multi-tensor op: one
+   * group per tensor), RM_NTH(i) in write_in: the kernel writes input i of each group.
+   * One launch then updates any number of tensors (up to RM_MAX_INPUTS / group) while
+   * the op keeps RM_MAX_OUTPUTS outputs at most (it has none). */
+  unsigned write_in;
+  int group;
   /* Checks inputs and attrs, fills out[0..nout-1]. NULL: elementwise default (one
    * input: same meta; several: broadcast shape, all dtypes and devices equal). */
   int (*infer)(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out);
@@ -140,7 +148,8 @@ void rm_attrs_init(rm_attrs *a);
 int rm_op_run(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
               const rm_attrs *a, rm_tensor **out);
 /* Runs op's kernel writing into existing tensors out[] (no allocation, no tape): for
- * in-place updates (optimizers, gradient accumulation). Elementwise ops may alias. */
+ * in-place updates (optimizers, gradient accumulation). Elementwise ops may alias.
+ * An RM_OPF_INPLACE op takes nout 0 and writes the inputs its write_in names. */
 int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
                int nout, rm_tensor *const *out);
 /* Runs op's kernel on in[] into new outputs outs[0..nout-1] (all of them, extras

@@ -20,6 +20,14 @@
  *     m = lerp(m, grad, 1 - beta1);  v = beta2 * v + (1 - beta2) * grad^2
  *     param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
  *
+ * adamw_multi_step(param_1, grad_1, m_1, v_1, ..., param_K, grad_K, m_K, v_K)
+ *   adamw_step on K tensors in one call (the same attrs, so the same step count; K <= 64),
+ *   in place on its inputs (RM_OPF_INPLACE: params, m and v are written; no outputs,
+ *   run with rm_op_into and nout 0). Each element gets exactly adamw_step's arithmetic,
+ *   so the results are the same bits; on CUDA it is one launch for all K tensors.
+ *   The K groups share the device and the param and grad dtypes (a float32 master with
+ *   bfloat16 grads, or one dtype).
+ *
  * rmsprop_step(param, grad, square_avg, buf, grad_avg) -> (param, square_avg, buf, grad_avg)
  *   rmsprop {lr, alpha, eps, momentum, weight_decay, centered}
  *     grad += wd * param
@@ -109,6 +117,37 @@ static double adamw_step_flops(int nin, rm_tensor *const *in, const rm_attrs *a,
 const rm_op_def rm_opdef_adamw_step = {
   .name = "adamw_step", .nin = 4, .nout = 3, .nvis = 3, .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL,
   .infer = adamw_step_infer, .flops = adamw_step_flops,
+};
+
+static int adamw_multi_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  const char *op = "adamw_multi_step";
+  if (nin < 4 || nin % 4)
+    return rm_fail(ctx, RM_ERR_ARG, "%s takes (param, grad, m, v) groups: a multiple of 4 inputs (got %d)", op, nin);
+  rm_meta m[3];
+  for (int k = 0; k < nin; k += 4) {
+    if (adamw_step_infer(ctx, 4, in + k, a, m)) return rm_fail_prefix(ctx, op);
+    if (in[k]->device != in[0]->device || in[k]->dtype != in[0]->dtype || in[k + 1]->dtype != in[1]->dtype)
+      return rm_fail(ctx, RM_ERR_ARG, "%s: tensor %d is %s (grad %s) on %s, tensor 1 %s (grad %s) on %s: one call "
+                     "takes one device and one pair of dtypes", op, k / 4 + 1, rm_dtype_name(in[k]->dtype),
+                     rm_dtype_name(in[k + 1]->dtype), rm_device_name(in[k]->device), rm_dtype_name(in[0]->dtype),
+                     rm_dtype_name(in[1]->dtype), rm_device_name(in[0]->device));
+    for (int i = k; i < k + 4; i++)
+      if (!rm_tensor_is_contiguous(in[i]))
+        return rm_fail(ctx, RM_ERR_LAYOUT, "%s: input %d is not contiguous", op, i + 1);
+  }
+  return RM_OK;
+}
+
+static double adamw_multi_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  double n = 0;
+  for (int k = 0; k + 3 < nin; k += 4) n += (double)rm_tensor_numel(in[k]);
+  return 14.0 * n;
+}
+
+const rm_op_def rm_opdef_adamw_multi_step = {
+  .name = "adamw_multi_step", .nin = -1, .nout = 0, .nvis = 0,
+  .flags = RM_OPF_NODIFF | RM_OPF_INTERNAL | RM_OPF_INPLACE, .write_in = RM_NTH(0) | RM_NTH(2) | RM_NTH(3),
+  .group = 4, .infer = adamw_multi_infer, .flops = adamw_multi_flops,
 };
 
 static int rmsprop_step_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {

@@ -7,14 +7,13 @@
 
 #include "lnn.h"
 
-#define MAX_IO 16
-
-/* Reads the list of tensors at idx into t[]; returns how many. `what` names the list. */
-static int read_list(lua_State *L, int idx, rm_tensor **t, const char *fn, const char *what) {
+/* Reads the list of tensors at idx into t[] (at most max); returns how many. `what`
+ * names the list. */
+static int read_list(lua_State *L, int idx, rm_tensor **t, int max, const char *fn, const char *what) {
   if (!lua_istable(L, idx))
     rm_lua_errorf(L, "%s: %s must be a list of tensors, got %s", fn, what, luaL_typename(L, idx));
   int n = (int)luaL_len(L, idx);
-  if (n > MAX_IO) rm_lua_errorf(L, "%s: at most %d %s (got %d)", fn, MAX_IO, what, n);
+  if (n > max) rm_lua_errorf(L, "%s: at most %d %s (got %d)", fn, max, what, n);
   for (int k = 0; k < n; k++) {
     lua_rawgeti(L, idx, k + 1);
     rm_ltensor *b = luaL_testudata(L, -1, RM_TENSOR_MT);
@@ -28,17 +27,19 @@ static int read_list(lua_State *L, int idx, rm_tensor **t, const char *fn, const
 
 /* C.op_into(id, attrs, {inputs...}, {outputs...}): runs op's kernel writing into the
  * given output tensors (no allocation, no tape; outputs may alias inputs where the op
- * allows it). Returns nothing; raises the op's error, named, on failure. */
+ * allows it; an op that writes its inputs, adamw_multi_step, takes {} as outputs).
+ * Returns nothing; raises the op's error, named, on failure. */
 static int l_op_into(lua_State *L) {
   rm_op_id op = rm_lua_check_op(L, 1, "op_into");
   char fn[64];
   snprintf(fn, sizeof fn, "remat.%s", rm_op_name(op));
   rm_attrs a;
   rm_lua_read_attrs(L, 2, op, &a, fn);
-  rm_tensor *in[MAX_IO], *out[MAX_IO];
-  int nin = read_list(L, 3, in, fn, "inputs");
-  int nout = read_list(L, 4, out, fn, "outputs");
-  if (nout < 1) return rm_lua_errorf(L, "%s: op_into needs at least one output", fn);
+  rm_tensor *in[RM_MAX_INPUTS], *out[RM_MAX_OUTPUTS];
+  int nin = read_list(L, 3, in, RM_MAX_INPUTS, fn, "inputs");
+  int nout = read_list(L, 4, out, RM_MAX_OUTPUTS, fn, "outputs");
+  if (nout < 1 && !(rm_op_def_get(op)->flags & RM_OPF_INPLACE))
+    return rm_lua_errorf(L, "%s: op_into needs at least one output", fn);
   rm_ctx *ctx = rm_lua_ctx(L);
   if (rm_op_into(ctx, op, nin, in, &a, nout, out) != RM_OK) return rm_lua_fail(L, fn);
   return 0;

@@ -367,6 +367,23 @@ describe("cuda vs cpu: every op #gpu", function()
     end
   end)
 
+  it("adamw_multi_step: one launch equals adamw_step per tensor bit for bit (float32 masters, bfloat16 grads)", function()
+    kit.seed(15)
+    local at = { lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, step = 3, decoupled = true, weight_decay = 0.01 }
+    local ins, ref = {}, {}
+    for k = 1, 40 do
+      local n = k == 1 and 70001 or k * 13
+      local function t(lo, hi) return C.to_device(C.from_table(kit.values({ n }, lo, hi), { n }, "float32"), DEV) end
+      local p, g, m, v = t(), cast(t(), "bfloat16"), t(), t(0, 1)
+      ref[k] = { op("adamw_step", at, p, g, m, v) }
+      for _, x in ipairs({ p, g, m, v }) do ins[#ins + 1] = x end
+    end
+    C.op_into(C.ops.adamw_multi_step, at, ins, {})
+    for k = 1, 40 do
+      for j, i in ipairs({ 1, 3, 4 }) do bitwise(ins[4 * (k - 1) + i], ref[k][j], ("tensor %d input %d"):format(k, i)) end
+    end
+  end)
+
   it("packed attention with T 6000: row blocks accumulate into the three parts of one dqkv", function()
     kit.seed(14)
     compare("attention", { causal = true, scale = 0, heads = 1 }, { { shape = { 1, 6000, 6 } } }, { grad = true, tol = 1e-4 })

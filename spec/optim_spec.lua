@@ -201,6 +201,52 @@ describe("optim.Adam and optim.AdamW", function()
   end)
 end)
 
+describe("optim.Adam and optim.AdamW: multi-tensor steps", function()
+  -- opt:step() runs adamw_multi_step over groups of parameters; it must give what one
+  -- adamw_step per parameter gives, bit for bit, including parameters whose step counts
+  -- differ (one had no gradient at a step) and more parameters than one call takes.
+  local function manual(ps, grads, o, decoupled)
+    local st = {}
+    for i, p in ipairs(ps) do st[i] = { p = p:clone(), m = remat.zeros(table.unpack(p:shape())), v = remat.zeros(table.unpack(p:shape())), t = 0 } end
+    for k, gs in ipairs(grads) do
+      for i, s in ipairs(st) do
+        if gs[i] then
+          s.t = s.t + 1
+          C.op_into(C.ops.adamw_step, { lr = o.lr, beta1 = o.betas[1], beta2 = o.betas[2], eps = o.eps, step = s.t,
+            decoupled = decoupled, weight_decay = o.weight_decay }, { s.p, gs[i], s.m, s.v }, { s.p, s.m, s.v })
+        end
+      end
+    end
+    return st
+  end
+
+  for _, kind in ipairs({ "AdamW", "Adam" }) do
+    it(kind .. ": 70 parameters of odd sizes, uneven step counts: the same bits as per-parameter steps", function()
+      remat.manual_seed(31)
+      local ps, grads = {}, {}
+      for i = 1, 70 do ps[i] = remat.randn(i % 7 + 1, i % 3 + 2):requires_grad(true) end
+      for k = 1, 3 do
+        grads[k] = {}
+        for i = 1, 70 do
+          if not (k == 2 and i % 5 == 0) then grads[k][i] = remat.randn(table.unpack(ps[i]:shape())) end
+        end
+      end
+      local o = { lr = 0.01, betas = { 0.8, 0.99 }, eps = 1e-6, weight_decay = 0.05 }
+      local want = manual(ps, grads, o, kind == "AdamW")
+      local opt = optim[kind](ps, o)
+      for k = 1, 3 do
+        for i, p in ipairs(ps) do p.grad = grads[k][i] end
+        opt:step()
+        opt:zero_grad()
+      end
+      for i, p in ipairs(ps) do
+        local a, b = C.flat(p), C.flat(want[i].p)
+        for j = 1, #a do assert(a[j] == b[j], ("parameter %d [%d]: %.9g vs %.9g"):format(i, j, a[j], b[j])) end
+      end
+    end)
+  end
+end)
+
 describe("optim.RMSprop", function()
   local cases = {
     {},

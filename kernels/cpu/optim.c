@@ -159,6 +159,16 @@ RM_CPU_KERNEL(adamw_step) {
   return RM_OK;
 }
 
+/* adamw_multi_step: adamw_step on each (param, grad, m, v) group, in place, the same
+ * code and so the same bits (the CPU gains nothing from one call but the checks). */
+RM_CPU_KERNEL(adamw_multi_step) {
+  for (int k = 0; k + 3 < nin; k += 4) {
+    rm_tensor *outs[3] = { in[k], in[k + 2], in[k + 3] };
+    if (rm_cpu_adamw_step(ctx, 4, in + k, 3, outs, a)) return ctx->err_code;
+  }
+  return RM_OK;
+}
+
 /* torch.optim.RMSprop's single-tensor step; an unused state (buf without momentum,
  * grad_avg when not centered) is copied to its output only when that is another tensor. */
 #define RMSPROP_LOOP(T, SQRT)                                                                 \

@@ -4,8 +4,9 @@
 --   local opt = optim.AdamW(model:parameters(), { lr = 1e-3, weight_decay = 0.01 })
 --   loss:backward(); optim.clip_grad_norm(model:parameters(), 1.0); opt:step(); opt:zero_grad()
 --
--- Each step runs one fused kernel per parameter in place (sgd_step / adamw_step through
--- C.op_into, see core/op_optim.c). State tensors (momentum buffers, Adam's m and v) are
+-- Each step runs one fused kernel per parameter in place (sgd_step / rmsprop_step through
+-- C.op_into, see core/op_optim.c); Adam and AdamW run one adamw_multi_step per group of up
+-- to 64 parameters (one launch on CUDA), the same bits as adamw_step on each. State tensors (momentum buffers, Adam's m and v) are
 -- made at a parameter's first step, in the memory category "optim".
 local remat = package.loaded.remat
 local C = remat._C
@@ -244,6 +245,12 @@ function Optimizer:step()
     error(err, 0)
   end
   self.steps = self.steps + 1
+  if self._update_many then
+    ok, err = pcall(self._update_many, self, todo)
+    for _, u in ipairs(todo) do C.free(u[3]) end
+    if not ok then error(err, 0) end
+    return
+  end
   for k, u in ipairs(todo) do
     ok, err = pcall(self._update, self, u[1], u[2], u[3])
     C.free(u[3])
@@ -398,6 +405,8 @@ end
 
 ---------------------------------------------------------------- Adam / AdamW ----
 
+local MULTI_MAX = 64 -- tensors per adamw_multi_step (its inputs: 4 per tensor, 256 at most)
+
 local function adam(kind, decoupled, default_wd)
   local fn = "optim." .. kind
   return function(params, opts)
@@ -427,6 +436,34 @@ local function adam(kind, decoupled, default_wd)
       local w = master_of(st, p)
       C.op_into(C.ops.adamw_step, { lr = s.lr, beta1 = s.betas[1], beta2 = s.betas[2], eps = s.eps, step = st.step, decoupled = decoupled and true or false, weight_decay = s.weight_decay }, { w, g, m, v }, { w, m, v })
       store_master(p, w)
+    end
+    -- A whole step: the parameters in order, cut into groups that share the step count,
+    -- the device and the dtypes (at most MULTI_MAX each), one adamw_multi_step per
+    -- group: one launch for many parameters on CUDA, the same bits as _update's
+    -- adamw_step per parameter (spec/cases/optim.lua).
+    self._update_many = function(s, todo)
+      local group, key = {}, nil
+      local function flush()
+        if #group == 0 then return end
+        local ins = {}
+        for _, u in ipairs(group) do
+          ins[#ins + 1], ins[#ins + 2], ins[#ins + 3], ins[#ins + 4] = u.w, u.g, u.st.exp_avg, u.st.exp_avg_sq
+        end
+        C.op_into(C.ops.adamw_multi_step, { lr = s.lr, beta1 = s.betas[1], beta2 = s.betas[2], eps = s.eps, step = group[1].st.step, decoupled = decoupled and true or false, weight_decay = s.weight_decay }, ins, {})
+        for _, u in ipairs(group) do store_master(u.p, u.w) end
+        group = {}
+      end
+      for _, u in ipairs(todo) do
+        local st = s.state[u[1]]
+        st.step = st.step + 1
+        local w = master_of(st, u[2])
+        local _, wdt, dev = C.info(w)
+        local _, gdt = C.info(u[3])
+        local k = ("%d %s %s %s"):format(st.step, wdt, gdt, dev)
+        if k ~= key or #group == MULTI_MAX then flush(); key = k end
+        group[#group + 1] = { p = u[2], w = w, g = u[3], st = st }
+      end
+      flush()
     end
     self._missing_bytes = function(s, i, p)
       local st = s.state[i]

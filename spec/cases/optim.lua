@@ -219,6 +219,79 @@ return function(K)
       },
     },
 
+    adamw_multi_step = {
+      nodiff = "optimizer update: runs in place on its inputs, outside autograd",
+      forward = {
+        ["equals adamw_step on each tensor, bit for bit (odd sizes, empty, 0-d; AdamW and Adam; 3 steps)"] = function()
+          for _, o in ipairs({ adamw, { lr = 0.01, beta1 = 0.3, beta2 = 0.99, eps = 1e-6, wd = 0.1, decoupled = false } }) do
+            local shapes = { { 5, 3 }, { 1 }, { 7 }, { 0, 2 }, {}, { 33, 31 } }
+            local one, multi = {}, {}
+            for k, s in ipairs(shapes) do
+              local p = K.rand(s)
+              one[k] = { p = p, m = K.tensor(kit.values(s, 0, 0), s), v = K.tensor(kit.values(s, 0, 0), s), s = s }
+              multi[k] = { p = op("copy", nil, p), m = op("copy", nil, one[k].m), v = op("copy", nil, one[k].v) }
+            end
+            for t = 1, 3 do
+              local ins = {}
+              for k, s in ipairs(shapes) do
+                local g = K.rand(s)
+                local e = one[k]
+                local pv, gv, mv, vv = C.flat(K.device == "cpu" and e.p or C.to_device(e.p, "cpu")),
+                  C.flat(K.device == "cpu" and g or C.to_device(g, "cpu")),
+                  C.flat(K.device == "cpu" and e.m or C.to_device(e.m, "cpu")),
+                  C.flat(K.device == "cpu" and e.v or C.to_device(e.v, "cpu"))
+                e.ep = ref_adam(pv, gv, mv, vv, o, t)
+                e.p, e.m, e.v = op("adamw_step", adam_attrs(o, t), e.p, g, e.m, e.v)
+                for _, x in ipairs({ multi[k].p, g, multi[k].m, multi[k].v }) do ins[#ins + 1] = x end
+              end
+              C.op_into(C.ops.adamw_multi_step, adam_attrs(o, t), ins, {})
+              for k, s in ipairs(shapes) do
+                local function flat(x) return C.flat(K.device == "cpu" and x or C.to_device(x, "cpu")) end
+                K.check(multi[k].p, flat(one[k].p), s, 0, "param " .. k .. " after step " .. t)
+                K.check(multi[k].m, flat(one[k].m), s, 0, "m " .. k .. " after step " .. t)
+                K.check(multi[k].v, flat(one[k].v), s, 0, "v " .. k .. " after step " .. t)
+                K.check(multi[k].p, one[k].ep, s, nil, "param " .. k .. " against the reference")
+              end
+            end
+          end
+        end,
+        ["64 tensors in one call (the most), large ones split over many blocks"] = function()
+          local ins, ref = {}, {}
+          for k = 1, 64 do
+            local s = { k == 1 and 20000 or k }
+            local p, g = K.rand(s), K.rand(s)
+            local m, v = K.rand(s, 0, 1), K.rand(s, 0, 1)
+            ref[k] = { op("adamw_step", adam_attrs(adamw, 2), p, g, m, v) }
+            for _, x in ipairs({ p, g, m, v }) do ins[#ins + 1] = x end
+          end
+          C.op_into(C.ops.adamw_multi_step, adam_attrs(adamw, 2), ins, {})
+          local function flat(x) return C.flat(K.device == "cpu" and x or C.to_device(x, "cpu")) end
+          for k = 1, 64 do
+            for j, i in ipairs({ 1, 3, 4 }) do
+              K.check(ins[4 * (k - 1) + i], flat(ref[k][j]), nil, 0, ("tensor %d, input %d"):format(k, i))
+            end
+          end
+        end,
+        ["errors: groups of 4, shapes, one dtype pair, contiguous, not through op()"] = function()
+          local p, g, m, v = K.rand({ 2 }), K.rand({ 2 }), K.rand({ 2 }), K.rand({ 2 })
+          local at = adam_attrs(adamw, 1)
+          raises("adamw_multi_step takes its inputs in groups of 4 (got 3)", C.op_into, C.ops.adamw_multi_step, at,
+                 { p, g, m }, {})
+          raises("adamw_multi_step: adamw_step: state 2 is 3 but param is 2", C.op_into, C.ops.adamw_multi_step, at,
+                 { p, g, m, v, p, g, m, (K.rand({ 3 })) }, {})
+          raises("adamw_multi_step writes 0 outputs (got 1)", C.op_into, C.ops.adamw_multi_step, at, { p, g, m, v }, { p })
+          raises("writes into its inputs: run it with op_into", op, "adamw_multi_step", at, p, g, m, v)
+          raises("input 5 is not contiguous", C.op_into, C.ops.adamw_multi_step, at,
+                 { p, g, m, v, (K.noncontig({ 2, 3 })), (K.rand({ 2, 3 })), (K.rand({ 2, 3 })), (K.rand({ 2, 3 })) }, {})
+          if K.device == "cpu" then
+            local d = C.from_table({ 1, 2 }, { 2 }, K.dtype == "float32" and "float64" or "float32")
+            raises("one call takes one device and one pair of dtypes", C.op_into, C.ops.adamw_multi_step, at,
+                   { p, g, m, v, d, d, d, d }, {})
+          end
+        end,
+      },
+    },
+
     adamw_step = {
       nodiff = "optimizer update: runs in place, outside autograd",
       forward = {
