@@ -48,6 +48,11 @@ typedef struct rm_backend {
    * entries) with the device time per op since the last reset; returns 0 when the mode
    * is off. NULL where meaningless. */
   int (*profile)(rm_ctx *ctx, double *ms, int64_t *calls, bool reset);
+  /* Kernel workspace one call of op takes at its peak (bytes, category workspace), for
+   * dry runs: they skip the kernels, so without it a plan would miss what the kernels
+   * borrow (attention's score blocks: 256 MiB on CUDA). in[] as the kernel would get
+   * them. NULL, or 0 for an op: nothing predicted. */
+  size_t (*workspace)(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a);
   bool supports_dtype[RM_DTYPE_COUNT];
   /* The ops whose kernels take int32/int64 data (inputs other than index inputs, and
    * outputs other than index outputs: rm_op_def.index_in/index_out); every other op

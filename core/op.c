@@ -184,6 +184,19 @@ static int check_kernel_dtype(rm_ctx *ctx, const rm_backend *b, rm_op_id op, rm_
                  name, rm_dtype_name(d), b->name, list);
 }
 
+/* A dry run skips the kernel; what the kernel would borrow as workspace is a phantom
+ * allocation given back at once, so the plan's peak sees it where the kernel takes it
+ * (on top of the inputs and outputs). */
+static int dry_workspace(rm_ctx *ctx, const rm_backend *b, rm_op_id op, int nin, rm_tensor *const *in,
+                         const rm_attrs *a) {
+  size_t bytes = b->workspace ? b->workspace(ctx, op, nin, in, a) : 0;
+  if (!bytes) return RM_OK;
+  rm_storage *s = rm_storage_new_dry(ctx, b->device, RM_CAT_WORKSPACE, bytes);
+  if (!s) return ctx->err_code;
+  rm_storage_release(ctx, s);
+  return RM_OK;
+}
+
 /* Runs def's kernel (or view) on in[], producing all nout outputs in outs[] (new refs).
  * Does not record. attrs are used as given (random ops: seed/offset already set). */
 static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
@@ -262,6 +275,8 @@ static int op_exec(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in,
     rm_clear_error(ctx);
     rc = k(ctx, nargs, args, nout, outs, a);
     if (rc && !ctx->err[0]) rm_fail(ctx, rc, "%s failed on %s", def->name, b->name);
+  } else if (rc == RM_OK) {
+    rc = dry_workspace(ctx, b, op, nargs, args, a);
   }
   for (int i = 0; i < nargs; i++) rm_tensor_drop(ctx, args[i]);
   if (rc) {
@@ -479,7 +494,7 @@ int rm_op_into(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm
   if (def->flags & RM_OPF_INPLACE) /* what it writes are its inputs: their dtypes as outputs' */
     for (int i = 0; i < nin; i++)
       if (check_kernel_dtype(ctx, b, op, in[i]->dtype)) return ctx->err_code;
-  if (ctx->dry) return RM_OK;
+  if (ctx->dry) return dry_workspace(ctx, b, op, nin, in, a);
   rm_tensor *args[RM_MAX_INPUTS];
   for (int i = 0; i < nin; i++) {
     rm_tensor *t = in[i];

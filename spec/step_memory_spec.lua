@@ -377,3 +377,32 @@ describe("optimizers fused into backward (in_backward = true)", function()
     for _, p in ipairs(model:parameters()) do assert.is_nil(p.grad) end
   end)
 end)
+
+describe("dry runs predict kernel workspace", function()
+  it("model:plan's step peak holds the attention kernels' workspace, as measured (within 1%)", function()
+    -- one attention layer on a long sequence: its kernels' per-thread score blocks
+    -- (2 x 32 x 512 floats a thread in backward) are the step's largest allocation
+    remat.manual_seed(41)
+    local model = nn.Sequential { nn.CausalSelfAttention(8, 2) }
+    local x = remat.randn(1, 512, 8)
+    local t = {}
+    for i = 1, 512 do t[i] = i % 8 + 1 end
+    local y = remat.tensor(t):view(1, 512)
+    local opt = optim.SGD(model:parameters(), { lr = 0.1 })
+    local plan = model:plan(x, { loss = function(o) return nn.cross_entropy(o, y) end, optimizer = opt })
+    assert(plan.step_by_category.workspace >= 2 * 32 * 512 * 4,
+      ("predicted workspace at the peak: %d bytes"):format(plan.step_by_category.workspace))
+    for step = 1, 2 do
+      settle()
+      memory.reset_peak()
+      local loss = nn.cross_entropy(model(x), y)
+      loss:backward()
+      opt:step(); opt:zero_grad()
+      loss:free()
+      local measured = memory.stats().peak
+      assert(measured <= plan.step_peak, ("step %d: measured %d > predicted %d"):format(step, measured, plan.step_peak))
+      assert(math.abs(measured - plan.step_peak) <= 0.01 * plan.step_peak,
+        ("step %d: measured %d, predicted %d"):format(step, measured, plan.step_peak))
+    end
+  end)
+end)

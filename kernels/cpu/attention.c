@@ -388,6 +388,49 @@ static int backward(rm_ctx *ctx, const rm_tensor *const *in, const rm_tensor *co
   return rc;
 }
 
+/* What operands_of copies: the bytes of each operand the BLAS cannot read in place. */
+static size_t copies_of(int nin, const rm_tensor *const *in, unsigned need_rows) {
+  size_t bytes = 0;
+  for (int i = 0; i < nin; i++)
+    if (!((need_rows >> i & 1) ? blas_readable(in[i]) : rm_tensor_is_contiguous(in[i])))
+      bytes += rm_tensor_nbytes(in[i]);
+  return bytes;
+}
+
+/* forward's and backward's peak workspace: the copies, then job_init's per-thread blocks. */
+static size_t workspace_bytes(const rm_tensor *const *in, bool fwd, const rm_attrs *a) {
+  att_geo g;
+  geometry(in, a, &g);
+  size_t es = rm_dtype_size(in[0]->dtype);
+  size_t bytes = fwd ? copies_of(3, in, 7) : copies_of(6, in, 1 | 2 | 4 | 8 | 32);
+  int64_t Tk1 = g.Tk > 0 ? g.Tk : 1;
+  if (fwd ? g.bh * g.Tq > 0 : g.bh > 0) {
+    int64_t per = fwd ? g.bq * Tk1 : 2 * g.bq * Tk1 + g.bq;
+    bytes += (size_t)threads_for(&g) * (size_t)(per > 0 ? per : 1) * es;
+  }
+  return bytes;
+}
+
+size_t rm_cpu_attention_workspace(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
+  int64_t H = a->attention.heads;
+  rm_tensor v[5];
+  if (op == RM_OP_ATTENTION && nin == 3) return workspace_bytes((const rm_tensor *const *)in, true, a);
+  if (op == RM_OP_ATTENTION_BACKWARD && nin == 6) return workspace_bytes((const rm_tensor *const *)in, false, a);
+  if (op == RM_OP_ATTENTION && nin == 1) {
+    for (int i = 0; i < 3; i++) rm_attention_part(in[0], H, i, 3, &v[i]);
+    const rm_tensor *qkv[3] = { &v[0], &v[1], &v[2] };
+    return workspace_bytes(qkv, true, a);
+  }
+  if (op == RM_OP_ATTENTION_QKV_BACKWARD && nin == 4) {
+    for (int i = 0; i < 3; i++) rm_attention_part(in[0], H, i, 3, &v[i]);
+    rm_attention_part(in[1], H, 0, 1, &v[3]);
+    rm_attention_part(in[3], H, 0, 1, &v[4]);
+    const rm_tensor *args[6] = { &v[0], &v[1], &v[2], &v[3], in[2], &v[4] };
+    return workspace_bytes(args, false, a);
+  }
+  return 0;
+}
+
 RM_CPU_KERNEL(attention) {
   if (nin == 3) return forward(ctx, (const rm_tensor *const *)in, out[0], out[1], a);
   if (nin != 1) return RM_ERR_ARG;

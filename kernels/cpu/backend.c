@@ -16,6 +16,17 @@ static int cpu_copy(rm_ctx *ctx, void *dst, const void *src, size_t n) {
 
 static int cpu_sync(rm_ctx *ctx) { return RM_OK; }
 
+/* Kernel workspace for dry runs (rm_backend.workspace): the attention kernels' (the
+ * only large one; matmul's copies of unreadable operands are not predicted). */
+static size_t rm_cpu_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
+  switch (op) {
+  case RM_OP_ATTENTION:
+  case RM_OP_ATTENTION_BACKWARD:
+  case RM_OP_ATTENTION_QKV_BACKWARD: return rm_cpu_attention_workspace(op, nin, in, a);
+  default: return 0;
+  }
+}
+
 const rm_backend rm_cpu_backend = {
   .name = "cpu",
   .device = RM_CPU,
@@ -29,6 +40,7 @@ const rm_backend rm_cpu_backend = {
   .from_host = cpu_copy,
   .synchronize = cpu_sync,
   .runtime_info = rm_cpu_runtime_info,
+  .workspace = rm_cpu_workspace,
   .supports_dtype = { [RM_F32] = true, [RM_F64] = true, [RM_I32] = true, [RM_I64] = true },
   .int_ops = { [RM_OP_ADD] = true, [RM_OP_SUB] = true, [RM_OP_MUL] = true, [RM_OP_NEG] = true,
                [RM_OP_ABS] = true, [RM_OP_ADD_SCALAR] = true, [RM_OP_MUL_SCALAR] = true,

@@ -70,6 +70,10 @@ void rm_cpu_gemm(rm_ctx *ctx, rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64
 /* Rows for OpenMP: only parallelise loops worth a thread. */
 #define RM_CPU_PAR_MIN 32768
 
+/* Workspace bytes one call of attention, attention_backward or attention_qkv_backward
+ * takes (kernels/cpu/attention.c), for dry runs. */
+size_t rm_cpu_attention_workspace(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a);
+
 /* The data of a tensor of index values (gather/index_select/embedding indices,
  * cross_entropy labels: 1-based), whichever of its four dtypes (int64, int32, or whole
  * numbers in float32/float64). */

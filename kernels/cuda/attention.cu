@@ -80,27 +80,36 @@ typedef struct att_geo {
   rm_dtype dt;
 } att_geo;
 
-static int att_mat_of(rm_ctx *ctx, const rm_tensor *t, att_mat *m) {
+/* m's geometry (no data): t's strides when its rows can be read in place, else those
+ * of the contiguous copy att_mat_of makes, whose bytes it returns (0: no copy). */
+static size_t att_mat_geo(const rm_tensor *t, att_mat *m) {
   memset(m, 0, sizeof *m);
   int n = t->ndim;
   int64_t rows = t->shape[n - 2], cols = t->shape[n - 1];
   bool ok = (cols <= 1 || t->stride[n - 1] == 1) && (rows <= 1 || t->stride[n - 2] >= cols);
-  const rm_tensor *src = t;
-  int64_t st[RM_MAX_DIM];
+  int64_t st[RM_MAX_DIM] = { 0 };
   if (ok) {
-    m->p = (char *)cu_ptr(t);
     for (int d = 0; d < n; d++) st[d] = t->stride[d];
   } else {
-    const void *p = cu_contig_data(ctx, t, &m->scratch);
-    if (!p) return ctx->err_code;
-    m->p = (char *)p;
-    m->bytes = (size_t)cu_numel(t) * cu_dsize(t->dtype);
     int64_t s = 1;
-    for (int d = n - 1; d >= 0; d--) st[d] = s, s *= src->shape[d];
+    for (int d = n - 1; d >= 0; d--) st[d] = s, s *= t->shape[d];
   }
   m->ld = rows <= 1 ? (cols > 1 ? cols : 1) : st[n - 2];
   if (m->ld < 1) m->ld = 1;
   for (int d = 0; d < n - 2; d++) m->lst[d] = st[d];
+  return ok ? 0 : (size_t)cu_numel(t) * cu_dsize(t->dtype);
+}
+
+static int att_mat_of(rm_ctx *ctx, const rm_tensor *t, att_mat *m) {
+  size_t copy = att_mat_geo(t, m);
+  if (!copy) {
+    m->p = (char *)cu_ptr(t);
+    return RM_OK;
+  }
+  const void *p = cu_contig_data(ctx, t, &m->scratch);
+  if (!p) return ctx->err_code;
+  m->p = (char *)p;
+  m->bytes = copy;
   return RM_OK;
 }
 
@@ -306,6 +315,97 @@ static int64_t att_outer_count(const att_geo &g) {
   int64_t n = 1;
   for (int d = 0; d < g.nl - 1; d++) n *= g.lshape[d];
   return n;
+}
+
+/* ---- workspace, for dry runs (rm_backend.workspace) ----
+ * What att_fwd / att_bwd borrow at their peak: the copies of operands that cannot be
+ * read in place (and lse's), then the score blocks sized by att_blocks. The outputs
+ * are contiguous (the packed form's, views of contiguous tensors), so their geometry is
+ * made up from the inputs' shapes. */
+
+/* A contiguous tensor of shape (lead..., rows, cols), lead and dtype from t. */
+static void att_fake(const rm_tensor *t, int n, int64_t rows, int64_t cols, rm_tensor *f) {
+  memset(f, 0, sizeof *f);
+  f->dtype = t->dtype;
+  f->device = t->device;
+  f->ndim = n;
+  for (int d = 0; d < n - 2; d++) f->shape[d] = t->shape[d];
+  f->shape[n - 2] = rows;
+  f->shape[n - 1] = cols;
+  int64_t st = 1;
+  for (int d = n - 1; d >= 0; d--) f->stride[d] = st, st *= f->shape[d];
+}
+
+/* ops[0..nops-1]: the operands read (copied when not readable), outs: the outputs'
+ * geometry; fwd: att_fwd's buffers, else att_bwd's. */
+static size_t att_workspace(rm_ctx *ctx, const rm_tensor *const *ops, int nops, const rm_tensor *const *outs,
+                            int nouts, const rm_attrs *a, bool fwd) {
+  const rm_tensor *q = ops[0], *k = ops[1];
+  rm_dtype dt = q->dtype;
+  if (q->ndim < 2 || k->ndim != q->ndim || (dt != RM_F32 && dt != RM_BF16 && dt != RM_F64) ||
+      q->shape[q->ndim - 2] >= INT_MAX || k->shape[k->ndim - 2] >= INT_MAX || q->shape[q->ndim - 1] >= INT_MAX)
+    return 0; /* the kernel refuses these (att_geometry) */
+  att_geo g;
+  if (att_geometry(ctx, "attention", ops, a, &g)) return 0;
+  int64_t nrows = 1;
+  for (int d = 0; d < ops[0]->ndim - 1; d++) nrows *= ops[0]->shape[d];
+  if (nrows == 0 || g.Tk == 0) return 0;
+  att_mat m[9];
+  att_mat *ms[9];
+  size_t bytes = 0;
+  for (int i = 0; i < nops; i++) bytes += att_mat_geo(ops[i], &m[i]), ms[i] = &m[i];
+  for (int j = 0; j < nouts; j++) att_mat_geo(outs[j], &m[nops + j]), ms[nops + j] = &m[nops + j];
+  att_collapse(&g, ops[0], ms, nops + nouts);
+  att_types ty = att_types_of(g.dt);
+  bool alias = ty.es == ty.as;
+  int64_t nb, rows;
+  att_blocks(g, (fwd ? 1 : 2) * ty.as + (alias ? 0 : ty.es), &nb, &rows);
+  size_t sbytes = (size_t)nb * rows * g.Tk * ty.as, pbytes = alias ? 0 : (size_t)nb * rows * g.Tk * ty.es;
+  if (fwd) return bytes + (sbytes ? sbytes : 1) + (alias ? 0 : (pbytes ? pbytes : 1));
+  size_t dbytes = (size_t)nb * rows * ty.as;
+  return bytes + 2 * (sbytes ? sbytes : 1) + (dbytes ? dbytes : 1) + (alias ? 0 : (pbytes ? pbytes : 1));
+}
+
+size_t cu_attention_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
+  int64_t H = a->attention.heads;
+  rm_tensor v[8], f[2];
+  if (op == RM_OP_ATTENTION && nin == 3) { /* y: q's shape */
+    const rm_tensor *ops[3] = { in[0], in[1], in[2] }, *outs[1] = { &f[0] };
+    att_fake(in[0], in[0]->ndim, in[0]->shape[in[0]->ndim - 2], in[0]->shape[in[0]->ndim - 1], &f[0]);
+    return att_workspace(ctx, ops, 3, outs, 1, a, true);
+  }
+  if (op == RM_OP_ATTENTION_BACKWARD && nin == 6) { /* the lse copy is not counted: lse is contiguous */
+    const rm_tensor *ops[6] = { in[0], in[1], in[2], in[3], in[4], in[5] };
+    const rm_tensor *outs[3] = { in[0], in[1], in[2] };
+    rm_tensor c[3];
+    for (int j = 0; j < 3; j++) {
+      int n = in[j]->ndim;
+      att_fake(in[j], n, in[j]->shape[n - 2], in[j]->shape[n - 1], &c[j]);
+      outs[j] = &c[j];
+    }
+    const rm_tensor *rd[5] = { ops[0], ops[1], ops[2], ops[3], ops[5] };
+    return att_workspace(ctx, rd, 5, outs, 3, a, false);
+  }
+  if ((op == RM_OP_ATTENTION && nin == 1) || (op == RM_OP_ATTENTION_QKV_BACKWARD && nin == 4)) {
+    const rm_tensor *qkv = in[0];
+    int n = qkv->ndim;
+    int64_t T = qkv->shape[n - 2], W = qkv->shape[n - 1];
+    if (H < 1) return 0;
+    att_fake(qkv, n, T, W / 3, &f[0]); /* y */
+    att_fake(qkv, n, T, W, &f[1]);     /* dqkv */
+    for (int i = 0; i < 3; i++) rm_attention_part(qkv, H, i, 3, &v[i]);
+    if (op == RM_OP_ATTENTION) {
+      rm_attention_part(&f[0], H, 0, 1, &v[3]);
+      const rm_tensor *ops[3] = { &v[0], &v[1], &v[2] }, *outs[1] = { &v[3] };
+      return att_workspace(ctx, ops, 3, outs, 1, a, true);
+    }
+    rm_attention_part(in[1], H, 0, 1, &v[3]);
+    rm_attention_part(in[3], H, 0, 1, &v[4]);
+    for (int i = 0; i < 3; i++) rm_attention_part(&f[1], H, i, 3, &v[5 + i]);
+    const rm_tensor *ops[5] = { &v[0], &v[1], &v[2], &v[3], &v[4] }, *outs[3] = { &v[5], &v[6], &v[7] };
+    return att_workspace(ctx, ops, 5, outs, 3, a, false);
+  }
+  return 0;
 }
 
 /* ---- forward ---- */

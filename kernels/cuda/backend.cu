@@ -304,6 +304,22 @@ void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes) {
     }
 }
 
+/* ---- kernel workspace for dry runs ----
+ * Predicted: attention's score blocks and operand copies (by far the largest: up to
+ * ATT_WORKSPACE, 256 MiB) and the losses' row sums. Not predicted: the few-KB partial
+ * sums of reductions and norms, the embedding backward's sort buffers, and copies of
+ * operands a GEMM cannot read in place. */
+static size_t cuda_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
+  switch (op) {
+  case RM_OP_ATTENTION:
+  case RM_OP_ATTENTION_BACKWARD:
+  case RM_OP_ATTENTION_QKV_BACKWARD: return cu_attention_workspace(ctx, op, nin, in, a);
+  case RM_OP_CROSS_ENTROPY:
+  case RM_OP_MSE: return cu_loss_workspace(op, nin, in);
+  default: return 0;
+  }
+}
+
 /* ---- the table ---- */
 
 #define RM_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
@@ -332,6 +348,7 @@ static rm_backend make_table(void) {
   b.empty_cache = rm_cuda_empty_cache;
   b.device_info = rm_cuda_device_info;
   b.profile = cuda_profile;
+  b.workspace = cuda_workspace;
   b.flops_per_byte = 100.0; /* H200: ~500 TFLOP/s reachable bf16 GEMM over 4.8 TB/s */
   b.supports_dtype[RM_F32] = true;
   b.supports_dtype[RM_F64] = true;

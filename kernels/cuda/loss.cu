@@ -132,6 +132,19 @@ static int check_labels(rm_ctx *ctx, const char *op, const rm_tensor *labels, co
   return cu_check_indices(ctx, op, "label", labels, p, classes, CU_WHERE_ROW);
 }
 
+/* Workspace for dry runs: cross_entropy's per-row losses (double), mse's parts. */
+size_t cu_loss_workspace(rm_op_id op, int nin, rm_tensor *const *in) {
+  if (op == RM_OP_CROSS_ENTROPY && nin == 2 && in[0]->ndim == 2 && in[0]->shape[0] > 0)
+    return (size_t)in[0]->shape[0] * sizeof(double);
+  if (op == RM_OP_MSE && nin == 2 && cu_numel(in[0]) > 0) {
+    int64_t n = cu_numel(in[0]);
+    int np = 1;
+    while (np < 1024 && n / (np * 2) >= 16384) np *= 2;
+    return (size_t)np * sizeof(double);
+  }
+  return 0;
+}
+
 RM_CUDA_KERNEL(cross_entropy) {
   int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
   rm_tensor *o = out[0];
