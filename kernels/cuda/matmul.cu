@@ -18,7 +18,18 @@
  * head), 6 x 124M x 8192 tokens = 6.1 TFLOP per step; at the ~600 TFLOP/s cuBLAS reaches
  * on these shapes, ~3.4 ms forward + ~6.8 ms backward. The old bias pre-fill and beta = 1
  * read-back moved ~2.5 GB per step (the bias-free LM head's 823 MB output written as
- * zeros and read back, plus every block's linear outputs), ~0.6 ms at ~4 TB/s: gone. */
+ * zeros and read back, plus every block's linear outputs), ~0.6 ms at ~4 TB/s: gone.
+ * Not used: cublasLt's GELU epilogues (GELU_AUX_BIAS forward, DGELU_BGRAD backward) for
+ * the MLP's Linear + GELU. cublasLt.h does not say which GELU they compute (the erf
+ * form or the tanh approximation, which differ by up to ~5e-4), while remat's gelu is
+ * erf-exact (PyTorch's default): fused, the MLP could give other numbers than unfused,
+ * and that cannot be checked without a device. What it would save at GPT-2
+ * small (estimate from bytes): the GELU pass over the (8192 x 3072) bf16 hidden
+ * activations, 50 MB read + 50 MB written forward and about twice that backward,
+ * ~0.05 ms a layer, ~0.6 ms a step (4% of the 15.8 ms target). The way there: a
+ * gelu(approximate = "tanh") op (GPT-2's own activation) with its CPU twin, then a fused
+ * linear_gelu op whose outputs are y and the pre-activation, checked against the
+ * unfused pair on the first GPU run. */
 #include <limits.h>
 #include <cublasLt.h>
 
