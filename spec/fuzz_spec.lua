@@ -99,6 +99,7 @@ end
 -- set_methods replaces the tensor method table; metamethods are Lua's to call.
 local skip = {
   dist = true, save = true, log = true, fashion_mnist = true, cli = true, set_methods = true,
+  metrics = true, save_checkpoint = true, -- create their file at the path given ("cuda", "1.x")
   fused_hook = true, -- installs a callback for every later backward (optim.lua owns it)
 }
 local function skipped(name)
