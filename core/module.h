@@ -132,6 +132,12 @@ rm_module *rm_foreign_new(rm_ctx *ctx,
 
 /* y = x W^T + b; W (out, in), b (out); both U(-1/sqrt(in), 1/sqrt(in)). */
 rm_module *rm_nn_linear(rm_ctx *ctx, int64_t in, int64_t out, bool bias);
+/* A Linear's activation: NONE, or GELU_TANH (its forward is the fused linear_gelu op).
+ * For an MLP or TransformerBlock, sets it on the MLP's fc1 and drops the MLP's own
+ * exact GELU (GELU_TANH), or restores it (NONE). */
+typedef enum { RM_ACT_NONE = 0, RM_ACT_GELU_TANH = 1 } rm_activation;
+int rm_nn_linear_set_activation(rm_ctx *ctx, rm_module *m, rm_activation act);
+int rm_nn_mlp_set_activation(rm_ctx *ctx, rm_module *m, rm_activation act); /* core/nn_block.c */
 /* y = W[idx]; W (n, d) ~ N(0, 1); idx holds 1-based indices. */
 rm_module *rm_nn_embedding(rm_ctx *ctx, int64_t n, int64_t d);
 /* Over the last dim; weight 1, bias 0 when affine. */
@@ -141,6 +147,8 @@ rm_module *rm_nn_layernorm(rm_ctx *ctx, int64_t d, double eps, bool affine);
  * would make float32 and float64 models disagree). */
 rm_module *rm_nn_rmsnorm(rm_ctx *ctx, int64_t d, double eps);
 rm_module *rm_nn_gelu(rm_ctx *ctx);
+/* GELU's tanh approximation (PyTorch's approximate = "tanh"; GPT-2's). */
+rm_module *rm_nn_gelu_tanh(rm_ctx *ctx);
 rm_module *rm_nn_relu(rm_ctx *ctx);
 rm_module *rm_nn_silu(rm_ctx *ctx);
 /* Drops with probability p when training; identity in eval. */
@@ -155,7 +163,8 @@ typedef enum { RM_ATT_AUTO = 0, RM_ATT_FUSED = 1, RM_ATT_COMPOSED = 2 } rm_att_p
 /* Sets the path of m (a CausalSelfAttention, or a TransformerBlock's "attn" child).
  * Errors: another module type; FUSED with dropout > 0 (fused attention has no dropout). */
 int rm_nn_attention_set_path(rm_ctx *ctx, rm_module *m, rm_att_path path);
-/* linear "fc1" (d -> hidden) -> gelu -> linear "fc2" (hidden -> d) -> dropout. */
+/* linear "fc1" (d -> hidden) -> gelu -> linear "fc2" (hidden -> d) -> dropout; with the
+ * GELU_TANH activation (rm_nn_linear_set_activation), fc1 is linear_gelu and no gelu. */
 rm_module *rm_nn_mlp(rm_ctx *ctx, int64_t d, int64_t hidden, double dropout);
 /* Pre-norm: x + attn(ln1(x)), then + mlp(ln2(x)); children ln1, attn, ln2, mlp. */
 rm_module *rm_nn_block(rm_ctx *ctx, int64_t d, int64_t heads, double dropout);

@@ -10,7 +10,10 @@ static int act_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y) {
   return *y ? RM_OK : ctx->err_code;
 }
 
+static void gelu_tanh_describe(const rm_module *m, char *buf, size_t n) { snprintf(buf, n, "approximate='tanh'"); }
+
 static const rm_module_type gelu_type = { .name = "GELU", .forward = act_forward };
+static const rm_module_type gelu_tanh_type = { .name = "GELU", .forward = act_forward, .describe = gelu_tanh_describe };
 static const rm_module_type relu_type = { .name = "ReLU", .forward = act_forward };
 static const rm_module_type silu_type = { .name = "SiLU", .forward = act_forward };
 
@@ -22,6 +25,7 @@ static rm_module *act_new(rm_ctx *ctx, const rm_module_type *t, rm_op_id op) {
 }
 
 rm_module *rm_nn_gelu(rm_ctx *ctx) { return act_new(ctx, &gelu_type, RM_OP_GELU); }
+rm_module *rm_nn_gelu_tanh(rm_ctx *ctx) { return act_new(ctx, &gelu_tanh_type, RM_OP_GELU_TANH); }
 rm_module *rm_nn_relu(rm_ctx *ctx) { return act_new(ctx, &relu_type, RM_OP_RELU); }
 rm_module *rm_nn_silu(rm_ctx *ctx) { return act_new(ctx, &silu_type, RM_OP_SILU); }
 

@@ -1,6 +1,7 @@
 /* Composite layers: MLP, TransformerBlock (pre-norm) and Residual. Each drops every
  * intermediate as soon as it has been used. */
 #include <stdio.h>
+#include <string.h>
 
 #include "module.h"
 
@@ -12,14 +13,19 @@ static int adopt(rm_ctx *ctx, rm_module *m, const char *name, rm_module *child) 
   return rc;
 }
 
-/* ---- MLP: cfg_i[0] d, cfg_i[1] hidden, cfg_f[0] dropout; children fc1, fc2 ---- */
+/* ---- MLP: cfg_i[0] d, cfg_i[1] hidden, cfg_i[2] activation (RM_ACT_GELU_TANH: fc1
+ * applies it), cfg_f[0] dropout; children fc1, fc2 ---- */
 
 static int mlp_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y) {
   rm_tensor *h, *g;
   int rc = rm_module_forward(ctx, m->children[0], x, &h);
   if (rc) return rc;
-  g = rm_unary(ctx, RM_OP_GELU, h);
-  rm_tensor_drop(ctx, h);
+  if (m->cfg_i[2] == RM_ACT_GELU_TANH) {
+    g = h;
+  } else {
+    g = rm_unary(ctx, RM_OP_GELU, h);
+    rm_tensor_drop(ctx, h);
+  }
   if (!g) return ctx->err_code;
   rc = rm_module_forward(ctx, m->children[1], g, &h);
   rm_tensor_drop(ctx, g);
@@ -35,11 +41,12 @@ static int mlp_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y) {
 }
 
 static void mlp_describe(const rm_module *m, char *buf, size_t n) {
+  const char *act = m->cfg_i[2] == RM_ACT_GELU_TANH ? ", approximate='tanh'" : "";
   if (m->cfg_f[0] > 0)
-    snprintf(buf, n, "%lld -> %lld -> %lld, dropout=%g", (long long)m->cfg_i[0], (long long)m->cfg_i[1],
-             (long long)m->cfg_i[0], m->cfg_f[0]);
+    snprintf(buf, n, "%lld -> %lld -> %lld, dropout=%g%s", (long long)m->cfg_i[0], (long long)m->cfg_i[1],
+             (long long)m->cfg_i[0], m->cfg_f[0], act);
   else
-    snprintf(buf, n, "%lld -> %lld -> %lld", (long long)m->cfg_i[0], (long long)m->cfg_i[1], (long long)m->cfg_i[0]);
+    snprintf(buf, n, "%lld -> %lld -> %lld%s", (long long)m->cfg_i[0], (long long)m->cfg_i[1], (long long)m->cfg_i[0], act);
 }
 
 static const rm_module_type mlp_type = {
@@ -68,6 +75,19 @@ rm_module *rm_nn_mlp(rm_ctx *ctx, int64_t d, int64_t hidden, double dropout) {
     return NULL;
   }
   return m;
+}
+
+/* The MLP (m itself, or a TransformerBlock's "mlp" child) gets activation act. */
+int rm_nn_mlp_set_activation(rm_ctx *ctx, rm_module *m, rm_activation act) {
+  rm_module *mlp = m;
+  if (m->type != &mlp_type)
+    for (int i = 0; i < m->nchildren; i++)
+      if (!strcmp(m->child_names[i], "mlp") && m->children[i]->type == &mlp_type) mlp = m->children[i];
+  if (mlp->type != &mlp_type)
+    return rm_fail(ctx, RM_ERR_ARG, "activation: %s is not a Linear, MLP or TransformerBlock", m->type->name);
+  int rc = rm_nn_linear_set_activation(ctx, mlp->children[0], act);
+  if (!rc) mlp->cfg_i[2] = act;
+  return rc;
 }
 
 /* ---- TransformerBlock: cfg_i[0] d, cfg_i[1] heads, cfg_f[0] dropout;

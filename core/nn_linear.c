@@ -5,18 +5,19 @@
 
 #include "module.h"
 
-/* ---- Linear: cfg_i[0] in, cfg_i[1] out; params weight (out, in), bias (out) ---- */
+/* ---- Linear: cfg_i[0] in, cfg_i[1] out, cfg_i[2] activation (rm_activation);
+ * params weight (out, in), bias (out) ---- */
 
 static int linear_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor **y) {
   if (rm_module_check_features(ctx, m, x, 1, m->cfg_i[0])) return ctx->err_code;
   rm_tensor *b = m->nparams > 1 ? m->params[1] : NULL;
-  *y = rm_linear(ctx, x, m->params[0], b);
+  *y = m->cfg_i[2] == RM_ACT_GELU_TANH ? rm_linear_gelu(ctx, x, m->params[0], b) : rm_linear(ctx, x, m->params[0], b);
   return *y ? RM_OK : ctx->err_code;
 }
 
 static void linear_describe(const rm_module *m, char *buf, size_t n) {
-  snprintf(buf, n, "%lld -> %lld%s", (long long)m->cfg_i[0], (long long)m->cfg_i[1],
-           m->nparams > 1 ? "" : ", no bias");
+  snprintf(buf, n, "%lld -> %lld%s%s", (long long)m->cfg_i[0], (long long)m->cfg_i[1],
+           m->nparams > 1 ? "" : ", no bias", m->cfg_i[2] == RM_ACT_GELU_TANH ? ", activation='gelu_tanh'" : "");
 }
 
 static const rm_module_type linear_type = {
@@ -48,6 +49,16 @@ rm_module *rm_nn_linear(rm_ctx *ctx, int64_t in, int64_t out, bool bias) {
     return NULL;
   }
   return m;
+}
+
+int rm_nn_linear_set_activation(rm_ctx *ctx, rm_module *m, rm_activation act) {
+  if (act != RM_ACT_NONE && act != RM_ACT_GELU_TANH)
+    return rm_fail(ctx, RM_ERR_ARG, "activation: unknown activation %d", (int)act);
+  if (m->type == &linear_type) {
+    m->cfg_i[2] = act;
+    return RM_OK;
+  }
+  return rm_nn_mlp_set_activation(ctx, m, act);
 }
 
 /* ---- Embedding: cfg_i[0] n, cfg_i[1] d; param weight (n, d) ---- */

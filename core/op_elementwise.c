@@ -355,7 +355,7 @@ static int sigmoid_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_ten
   return gin[0] ? RM_OK : ctx->err_code;
 }
 
-/* gelu and silu: one fused internal op on (x, g). */
+/* gelu, gelu_tanh and silu: one fused internal op on (x, g). */
 static int fused_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin,
                           rm_op_id op) {
   rm_tensor *x = rm_node_input(ctx, n, 0);
@@ -368,6 +368,9 @@ static int gelu_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor
 }
 static int silu_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   return fused_backward(ctx, n, g, gin, RM_OP_SILU_BACKWARD);
+}
+static int gelu_tanh_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  return fused_backward(ctx, n, g, gin, RM_OP_GELU_TANH_BACKWARD);
 }
 
 /* ---- copy, cast, fill ---- */
@@ -419,10 +422,12 @@ COST(log, 8)
 COST(tanh, 10)
 COST(sqrt, 4)
 COST(gelu, 20)
+COST(gelu_tanh, 16)
 COST(silu, 12)
 COST(sigmoid, 10)
 COST(gelu_backward, 25)
 COST(silu_backward, 16)
+COST(gelu_tanh_backward, 22)
 COST(where, 1)
 COST(data_movement, 0)
 #undef COST
@@ -486,6 +491,7 @@ UNARY(sqrt, sqrt_backward, 0, RM_NTH(0), sqrt_flops)
 UNARY(abs, abs_backward, RM_NTH(0), 0, NULL)
 UNARY(relu, relu_backward, 0, RM_NTH(0), NULL)
 UNARY(gelu, gelu_backward, RM_NTH(0), 0, gelu_flops)
+UNARY(gelu_tanh, gelu_tanh_backward, RM_NTH(0), 0, gelu_tanh_flops)
 UNARY(silu, silu_backward, RM_NTH(0), 0, silu_flops)
 UNARY(sigmoid, sigmoid_backward, 0, RM_NTH(0), sigmoid_flops)
 UNARY(copy, pass_backward, 0, 0, data_movement_flops)
@@ -497,11 +503,13 @@ const rm_op_def rm_opdef_clamp = { .name = "clamp", .nin = 1, .nout = 1, .nvis =
 const rm_op_def rm_opdef_where = { .name = "where", .nin = 3, .nout = 1, .nvis = 1,
   .flags = EW_BINARY, .save_in = RM_NTH(0), .backward = where_backward, .flops = where_flops };
 
-/* gelu_backward(x, g) = g gelu'(x); silu_backward(x, g) = g silu'(x). */
+/* gelu_backward(x, g) = g gelu'(x); likewise gelu_tanh_backward and silu_backward. */
 const rm_op_def rm_opdef_gelu_backward = { .name = "gelu_backward", .nin = 2, .nout = 1, .nvis = 1,
   .flags = EW_BINARY | RM_OPF_NODIFF | RM_OPF_INTERNAL, .flops = gelu_backward_flops };
 const rm_op_def rm_opdef_silu_backward = { .name = "silu_backward", .nin = 2, .nout = 1, .nvis = 1,
   .flags = EW_BINARY | RM_OPF_NODIFF | RM_OPF_INTERNAL, .flops = silu_backward_flops };
+const rm_op_def rm_opdef_gelu_tanh_backward = { .name = "gelu_tanh_backward", .nin = 2, .nout = 1, .nvis = 1,
+  .flags = EW_BINARY | RM_OPF_NODIFF | RM_OPF_INTERNAL, .flops = gelu_tanh_backward_flops };
 
 /* cast: dtype, the target. fill: value, dtype, device, shape. */
 const rm_op_def rm_opdef_cast = { .name = "cast", .nin = 1, .nout = 1, .nvis = 1,

@@ -1,6 +1,9 @@
 /* Matrix products: matmul (1-D, 2-D, batched with broadcast batch dims, numpy's 1-D
  * promotion) and linear (x w^T + b, PyTorch's layout). No attrs. Both kernels take
- * strided inputs, so transposed operands reach BLAS without a copy. */
+ * strided inputs, so transposed operands reach BLAS without a copy.
+ * linear_gelu(x, w[, b]) = gelu_tanh(x w^T + b) in one op: outputs y, then the extra
+ * pre-activation x w^T + b, kept for backward (on CUDA both come from one cublasLt
+ * matmul with the GELU epilogue; see kernels/cuda/matmul.cu). */
 #include <string.h>
 
 #include "ops.h"
@@ -13,6 +16,11 @@ rm_tensor *rm_matmul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b) {
 rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b) {
   rm_tensor *in[3] = { x, w, b };
   return rm_op1(ctx, RM_OP_LINEAR, b ? 3 : 2, in, NULL);
+}
+
+rm_tensor *rm_linear_gelu(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b) {
+  rm_tensor *in[3] = { x, w, b };
+  return rm_op1(ctx, RM_OP_LINEAR_GELU, b ? 3 : 2, in, NULL);
 }
 
 /* ---- matmul ---- */
@@ -130,29 +138,44 @@ const rm_op_def rm_opdef_matmul = { .name = "matmul", .nin = 2, .nout = 1, .nvis
 
 /* ---- linear: inputs x (..., in), w (out, in), optional b (out) ---- */
 
-static int linear_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+static int check_linear(rm_ctx *ctx, const char *op, int nin, rm_tensor *const *in, rm_meta *out) {
   if (nin < 2 || nin > 3)
-    return rm_fail(ctx, RM_ERR_ARG, "linear: takes an input, a weight and an optional bias (got %d tensors)", nin);
-  if (rm_check_same_device(ctx, "linear", nin, in) || rm_check_same_dtype(ctx, "linear", nin, in))
+    return rm_fail(ctx, RM_ERR_ARG, "%s: takes an input, a weight and an optional bias (got %d tensors)", op, nin);
+  if (rm_check_same_device(ctx, op, nin, in) || rm_check_same_dtype(ctx, op, nin, in))
     return ctx->err_code;
   rm_tensor *x = in[0], *w = in[1];
   char s[96];
   if (w->ndim != 2)
-    return rm_fail(ctx, RM_ERR_SHAPE, "linear: weight must be 2-D (out x in), got %s", rm_tensor_shape_str(w, s, sizeof s));
-  if (x->ndim == 0) return rm_fail(ctx, RM_ERR_SHAPE, "linear: input must have at least 1 dimension");
+    return rm_fail(ctx, RM_ERR_SHAPE, "%s: weight must be 2-D (out x in), got %s", op, rm_tensor_shape_str(w, s, sizeof s));
+  if (x->ndim == 0) return rm_fail(ctx, RM_ERR_SHAPE, "%s: input must have at least 1 dimension", op);
   if (x->shape[x->ndim - 1] != w->shape[1])
-    return rm_fail(ctx, RM_ERR_SHAPE, "linear: input has %lld features but the weight expects %lld",
+    return rm_fail(ctx, RM_ERR_SHAPE, "%s: input has %lld features but the weight expects %lld", op,
                    (long long)x->shape[x->ndim - 1], (long long)w->shape[1]);
   if (nin == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != w->shape[0]))
-    return rm_fail(ctx, RM_ERR_SHAPE, "linear: bias has shape %s but the weight has %lld outputs",
+    return rm_fail(ctx, RM_ERR_SHAPE, "%s: bias has shape %s but the weight has %lld outputs", op,
                    rm_tensor_shape_str(in[2], s, sizeof s), (long long)w->shape[0]);
   rm_tensor_meta(x, &out[0]);
   out[0].shape[x->ndim - 1] = w->shape[0];
   return RM_OK;
 }
 
-/* gx = g w, gw = g^T x (over the flattened leading dims), gb = g summed over them. */
-static int linear_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+static int linear_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  return check_linear(ctx, "linear", nin, in, out);
+}
+
+/* y and the pre-activation: both (..., out). */
+static int linear_gelu_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  if (check_linear(ctx, "linear_gelu", nin, in, out)) return ctx->err_code;
+  if (out[0].dtype != RM_F32 && out[0].dtype != RM_F64 && out[0].dtype != RM_BF16)
+    return rm_fail(ctx, RM_ERR_DTYPE, "linear_gelu: expected float32, float64 or bfloat16, got %s",
+                   rm_dtype_name(out[0].dtype));
+  out[1] = out[0];
+  return RM_OK;
+}
+
+/* gx = g w, gw = g^T x (over the flattened leading dims), gb = g summed over them
+ * (g: the gradient of x w^T + b). */
+static int linear_grads(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   rm_tensor *w = n->in[1];
   int64_t fin = w->shape[1], fout = w->shape[0];
   if (rm_node_needs_grad(n, 0)) {
@@ -186,12 +209,35 @@ static int linear_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
   return RM_OK;
 }
 
+static int linear_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  return linear_grads(ctx, n, g, gin);
+}
+
+/* dpre = g gelu_tanh'(pre) (the fused gelu_tanh_backward), then linear's gradients. */
+static int linear_gelu_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
+  rm_tensor *pre = rm_node_output(ctx, n, 1);
+  if (!pre) return ctx->err_code;
+  rm_tensor *dpre = rm_binary(ctx, RM_OP_GELU_TANH_BACKWARD, pre, g[0]);
+  if (!dpre) return ctx->err_code;
+  int rc = linear_grads(ctx, n, &dpre, gin);
+  rm_tensor_drop(ctx, dpre);
+  return rc;
+}
+
 /* 2 R in out for the product, R out more for the bias. */
 static double linear_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
   double ro = (double)rm_meta_numel(&out[0]);
   return 2.0 * ro * (double)in[1]->shape[1] + (nin > 2 ? ro : 0.0);
 }
 
+/* linear's, and the tanh GELU's 16 a output element */
+static double linear_gelu_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  return linear_flops(nin, in, a, out) + 16.0 * (double)rm_meta_numel(&out[0]);
+}
+
+const rm_op_def rm_opdef_linear_gelu = { .name = "linear_gelu", .nin = -1, .nout = 2, .nvis = 1,
+  .flags = RM_OPF_STRIDED, .save_in = RM_NTH(0) | RM_NTH(1), .save_out = RM_NTH(1), .infer = linear_gelu_infer,
+  .backward = linear_gelu_backward, .flops = linear_gelu_flops };
 const rm_op_def rm_opdef_linear = { .name = "linear", .nin = -1, .nout = 1, .nvis = 1,
   .flags = RM_OPF_STRIDED, .save_in = RM_NTH(0) | RM_NTH(1), .infer = linear_infer, .backward = linear_backward,
   .flops = linear_flops };

@@ -62,6 +62,7 @@ rm_tensor *rm_unfold(rm_ctx *ctx, rm_tensor *x, const int64_t geometry[8], doubl
 /* matrix products (op_matmul.c) */
 rm_tensor *rm_matmul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b); /* 2-D, batched, broadcast batch */
 rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* x w^T + b; b may be NULL */
+rm_tensor *rm_linear_gelu(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* gelu_tanh(x w^T + b) */
 
 /* normalisation (op_norm.c): over the last dimension; w, b may be NULL */
 rm_tensor *rm_layernorm(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b, double eps);

@@ -10,7 +10,7 @@
 #include "sequential.h"
 
 const char *const rm_policy_cheap_ops[] = {
-  "softmax", "log_softmax", "gelu", "silu", "relu", "sigmoid", "tanh", "dropout", NULL
+  "softmax", "log_softmax", "gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "dropout", NULL
 };
 
 /* The budget search, when one simulation does not confirm the DP's plan. */

@@ -249,16 +249,17 @@ static bool opt_bool(lua_State *L, int idx, bool def, const char *fn, const char
 }
 
 /* The options table of CausalSelfAttention / TransformerBlock at idx ({fused = bool}):
- * the attention path it asks for, or -1 (nil: automatic). Read before the module is
- * made, so that its errors leak nothing. */
-static int attention_path_opt(lua_State *L, int idx, const char *fn) {
+ * the attention path it asks for, or -1 (nil: automatic). `known` lists the keys the
+ * table may have. Read before the module is made, so that its errors leak nothing. */
+static int attention_path_opt(lua_State *L, int idx, const char *fn, const char *known) {
   if (lua_isnoneornil(L, idx)) return -1;
   if (!lua_istable(L, idx)) rm_lua_errorf(L, "%s: options must be a table, got %s", fn, luaL_typename(L, idx));
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     lua_pop(L, 1);
-    if (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "fused"))
-      rm_lua_errorf(L, "%s: unknown option '%s' (known: fused)", fn, luaL_tolstring(L, -1, NULL));
+    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (!k || (strcmp(k, "fused") && !(strcmp(k, "approximate") == 0 && strstr(known, "approximate"))))
+      rm_lua_errorf(L, "%s: unknown option '%s' (known: %s)", fn, luaL_tolstring(L, -1, NULL), known);
   }
   lua_getfield(L, idx, "fused");
   int path = -1;
@@ -268,6 +269,44 @@ static int attention_path_opt(lua_State *L, int idx, const char *fn) {
   }
   lua_pop(L, 1);
   return path;
+}
+
+/* The GELU variant a table at idx asks for through its `key` field: nil or "none" the
+ * exact (erf) GELU, "tanh" the tanh approximation (PyTorch's spellings). */
+static bool gelu_tanh_opt(lua_State *L, int idx, const char *fn, const char *key) {
+  if (lua_isnoneornil(L, idx)) return false;
+  lua_getfield(L, idx, key);
+  bool tanh = false;
+  if (!lua_isnil(L, -1)) {
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (v && !strcmp(v, "tanh")) tanh = true;
+    else if (!v || strcmp(v, "none"))
+      rm_lua_errorf(L, "%s: %s must be 'none' (the exact GELU) or 'tanh', got %s", fn, key,
+                    luaL_tolstring(L, -1, NULL));
+  }
+  lua_pop(L, 1);
+  return tanh;
+}
+
+/* Checks that the table at idx has only the keys in known (a list, NULL-ended). */
+static void only_keys(lua_State *L, int idx, const char *fn, const char *const *known, const char *list) {
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    bool ok = false;
+    for (int i = 0; known[i] && !ok; i++)
+      ok = lua_type(L, -1) == LUA_TSTRING && !strcmp(lua_tostring(L, -1), known[i]);
+    if (!ok) rm_lua_errorf(L, "%s: unknown option '%s' (known: %s)", fn, luaL_tolstring(L, -1, NULL), list);
+  }
+}
+
+/* Gives m the gelu_tanh activation when gelu_tanh; on error releases m and returns NULL. */
+static rm_module *with_activation(rm_ctx *ctx, rm_module *m, bool gelu_tanh) {
+  if (m && gelu_tanh && rm_nn_linear_set_activation(ctx, m, RM_ACT_GELU_TANH)) {
+    rm_module_release(ctx, m);
+    return NULL;
+  }
+  return m;
 }
 
 /* Sets m's attention path (path >= 0); on error releases m and returns NULL. */
@@ -288,7 +327,25 @@ static int l_nn_new(lua_State *L) {
   rm_module *m = NULL;
   if (!strcmp(kind, "Linear")) {
     int64_t in = check_size(L, 2, fn, "in_features"), out = check_size(L, 3, fn, "out_features");
-    m = rm_nn_linear(ctx, in, out, opt_bool(L, 4, true, fn, "bias"));
+    bool bias = true, act = false;
+    if (lua_istable(L, 4)) { /* {bias = bool, activation = "gelu_tanh"} */
+      static const char *const keys[] = { "bias", "activation", NULL };
+      only_keys(L, 4, fn, keys, "bias, activation");
+      lua_getfield(L, 4, "bias");
+      bias = opt_bool(L, lua_gettop(L), true, fn, "bias");
+      lua_getfield(L, 4, "activation");
+      if (!lua_isnil(L, -1)) {
+        const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        if (!v || strcmp(v, "gelu_tanh"))
+          return rm_lua_errorf(L, "%s: activation must be 'gelu_tanh' (the fused linear_gelu op), got %s", fn,
+                               luaL_tolstring(L, -1, NULL));
+        act = true;
+      }
+      lua_pop(L, 2);
+    } else {
+      bias = opt_bool(L, 4, true, fn, "bias");
+    }
+    m = with_activation(ctx, rm_nn_linear(ctx, in, out, bias), act);
   } else if (!strcmp(kind, "Embedding")) {
     int64_t n = check_size(L, 2, fn, "the number of embeddings"), d = check_size(L, 3, fn, "the embedding size");
     m = rm_nn_embedding(ctx, n, d);
@@ -299,7 +356,12 @@ static int l_nn_new(lua_State *L) {
     int64_t d = check_size(L, 2, fn, "the size");
     m = rm_nn_rmsnorm(ctx, d, opt_num(L, 3, 1e-6, fn, "eps"));
   } else if (!strcmp(kind, "GELU")) {
-    m = rm_nn_gelu(ctx);
+    if (!lua_isnoneornil(L, 2)) { /* {approximate = "none" | "tanh"} */
+      static const char *const keys[] = { "approximate", NULL };
+      if (!lua_istable(L, 2)) return rm_lua_errorf(L, "%s: options must be a table, got %s", fn, luaL_typename(L, 2));
+      only_keys(L, 2, fn, keys, "approximate");
+    }
+    m = gelu_tanh_opt(L, 2, fn, "approximate") ? rm_nn_gelu_tanh(ctx) : rm_nn_gelu(ctx);
   } else if (!strcmp(kind, "ReLU")) {
     m = rm_nn_relu(ctx);
   } else if (!strcmp(kind, "SiLU")) {
@@ -315,19 +377,28 @@ static int l_nn_new(lua_State *L) {
   } else if (!strcmp(kind, "CausalSelfAttention")) {
     int64_t d = check_size(L, 2, fn, "the size"), h = check_size(L, 3, fn, "heads");
     double p = opt_num(L, 4, 0, fn, "dropout");
-    int path = attention_path_opt(L, 5, fn);
+    int path = attention_path_opt(L, 5, fn, "fused");
     m = with_path(ctx, rm_nn_attention(ctx, d, h, p), path);
   } else if (!strcmp(kind, "MLP")) {
     int64_t d = check_size(L, 2, fn, "the size");
     if (lua_isnoneornil(L, 3) && d > INT64_MAX / 4)
       return rm_lua_errorf(L, "%s: the size %I is too large (its default hidden size 4 x size overflows)", fn, (lua_Integer)d);
     int64_t hid = lua_isnoneornil(L, 3) ? 4 * d : check_size(L, 3, fn, "hidden");
-    m = rm_nn_mlp(ctx, d, hid, opt_num(L, 4, 0, fn, "dropout"));
+    double p = opt_num(L, 4, 0, fn, "dropout");
+    bool tanh = false;
+    if (!lua_isnoneornil(L, 5)) { /* {approximate = "none" | "tanh"} */
+      static const char *const keys[] = { "approximate", NULL };
+      if (!lua_istable(L, 5)) return rm_lua_errorf(L, "%s: options must be a table, got %s", fn, luaL_typename(L, 5));
+      only_keys(L, 5, fn, keys, "approximate");
+      tanh = gelu_tanh_opt(L, 5, fn, "approximate");
+    }
+    m = with_activation(ctx, rm_nn_mlp(ctx, d, hid, p), tanh);
   } else if (!strcmp(kind, "TransformerBlock")) {
     int64_t d = check_size(L, 2, fn, "the size"), h = check_size(L, 3, fn, "heads");
     double p = opt_num(L, 4, 0, fn, "dropout");
-    int path = attention_path_opt(L, 5, fn);
-    m = with_path(ctx, rm_nn_block(ctx, d, h, p), path);
+    int path = attention_path_opt(L, 5, fn, "fused, approximate");
+    bool tanh = gelu_tanh_opt(L, 5, fn, "approximate");
+    m = with_activation(ctx, with_path(ctx, rm_nn_block(ctx, d, h, p), path), tanh);
   } else if (!strcmp(kind, "Residual")) {
     m = rm_nn_residual(ctx, rm_lua_check_module(L, 2, fn));
   } else if (!strcmp(kind, "Sequential")) {

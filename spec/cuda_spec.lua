@@ -157,7 +157,7 @@ local function labels(n, classes)
 end
 
 local BINARY = { "add", "sub", "mul", "div", "pow", "maximum", "eq", "ne", "lt", "le", "gt", "ge" }
-local UNARY = { "neg", "exp", "log", "tanh", "sqrt", "abs", "relu", "gelu", "silu", "sigmoid", "copy" }
+local UNARY = { "neg", "exp", "log", "tanh", "sqrt", "abs", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "copy" }
 local POSITIVE = { log = true, sqrt = true, pow = true }
 local NODIFF = { eq = true, ne = true, lt = true, le = true, gt = true, ge = true }
 
@@ -191,6 +191,12 @@ case("where", "where", nil, { { shape = { 3, 4 }, vals = { 1, 0, 1, 0, 0, 0, 1, 
   { shape = { 3, 4 } }, { shape = { 4 } } }, { grad = true })
 case("gelu_backward", "gelu_backward", nil, { { shape = { 33 }, lo = -4, hi = 4 }, { shape = { 33 } } })
 case("silu_backward", "silu_backward", nil, { { shape = { 33 }, lo = -4, hi = 4 }, { shape = { 33 } } })
+-- linear_gelu: out a multiple of 8 (the cublasLt GELU_AUX epilogue), and 13 (the fallback)
+case("linear_gelu 5x7 -> 16, bias", "linear_gelu", nil, { { shape = { 5, 7 } }, { shape = { 16, 7 } }, { shape = { 16 } } }, { grad = true })
+case("linear_gelu 2x3x8 -> 24, no bias", "linear_gelu", nil, { { shape = { 2, 3, 8 } }, { shape = { 24, 8 } } }, { grad = true })
+case("linear_gelu 4x6 -> 13 (fallback), transposed x", "linear_gelu", nil, { { shape = { 4, 6 }, t = true }, { shape = { 13, 6 } }, { shape = { 13 } } }, { grad = true })
+case("gelu_tanh_backward", "gelu_tanh_backward", nil, { { shape = { 33 }, lo = -4, hi = 4 }, { shape = { 33 } } })
+case("gelu_tanh huge |x|", "gelu_tanh", nil, { { shape = { 4 }, vals = { -1e30, -40, 40, 1e30 } } }, { grad = true })
 
 -- reductions
 for _, nm in ipairs({ "sum", "mean", "max", "argmax" }) do
@@ -289,8 +295,8 @@ case("rmsprop_step centered, momentum", "rmsprop_step", { lr = 0.01, alpha = 0.9
   { { shape = { 4, 5 } }, { shape = { 4, 5 } }, { shape = { 4, 5 }, lo = 0.5, hi = 1 }, { shape = { 4, 5 } }, { shape = { 4, 5 }, lo = -0.1, hi = 0.1 } })
 
 -- ops that take bfloat16 on CUDA (elementwise, matmul, norms)
-local BF16_OK = { add = true, mul = true, sub = true, gelu = true, relu = true, silu = true, exp = true, tanh = true,
-  matmul = true, linear = true, layernorm = true, rmsnorm = true, softmax = true, attention = true }
+local BF16_OK = { add = true, mul = true, sub = true, gelu = true, gelu_tanh = true, relu = true, silu = true, exp = true, tanh = true,
+  matmul = true, linear = true, linear_gelu = true, layernorm = true, rmsnorm = true, softmax = true, attention = true }
 
 describe("cuda vs cpu: every op #gpu", function()
   for k, c in ipairs(cases) do

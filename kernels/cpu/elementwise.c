@@ -6,7 +6,7 @@
  * stride, in blocks or tiles, so no per-element offset arithmetic is done.
  *
  * NaN and infinities propagate as IEEE arithmetic does, with these choices: relu(NaN) and
- * maximum(NaN, x) are NaN; gelu/silu and their derivatives take their limits at +-inf
+ * maximum(NaN, x) are NaN; gelu/gelu_tanh/silu and their derivatives take their limits at +-inf
  * (gelu(-inf) = 0, gelu'(+inf) = 1, ...) rather than the NaN of inf * 0. */
 #include <math.h>
 #include <tgmath.h>
@@ -35,6 +35,20 @@
     return (T)0.5 * erfc(-x * (T)M_SQRT1_2) +                                          \
            x * exp((T)-0.5 * x * x) * (T)0.3989422804014327;                           \
   }                                                                                    \
+  static inline T gelu_tanh_##S(T x) {                                                 \
+    /* x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): see rm_gelu_tanhf */          \
+    if (isinf(x)) return x > 0 ? x : (T)0;                                             \
+    T u = (T)1.5957691216057308 * (x + (T)0.044715 * x * x * x);                       \
+    T e = exp(-fabs(u)), r = (T)1 / ((T)1 + e);                                        \
+    return x * (u >= 0 ? r : e * r);                                                   \
+  }                                                                                    \
+  static inline T gelu_tanh_grad_##S(T x) {                                            \
+    if (fabs(x) > 30) return x > 0 ? (T)1 : (T)0;                                      \
+    T u = (T)1.5957691216057308 * (x + (T)0.044715 * x * x * x);                       \
+    T e = exp(-fabs(u)), r = (T)1 / ((T)1 + e);                                        \
+    return (u >= 0 ? r : e * r) +                                                      \
+           x * (e * r * r) * (T)1.5957691216057308 * ((T)1 + (T)0.134145 * x * x);     \
+  }                                                                                    \
   static inline T silu_grad_##S(T x) {                                                 \
     /* s (1 + x (1 - s)), s = sigmoid(x) */                                            \
     if (isinf(x)) return x > 0 ? (T)1 : (T)0;                                          \
@@ -55,6 +69,8 @@ static inline float max_f(float a, float b) { return (a > b || a != a) ? a : b; 
 #define silu_f rm_siluf
 #define gelu_f rm_geluf
 #define gelu_grad_f rm_gelu_gradf
+#define gelu_tanh_f rm_gelu_tanhf
+#define gelu_tanh_grad_f rm_gelu_tanh_gradf
 #define silu_grad_f rm_silu_gradf
 
 #define TG(fn, x) _Generic((x), float: fn##_f, default: fn##_d)
@@ -67,6 +83,8 @@ static inline float max_f(float a, float b) { return (a > b || a != a) ? a : b; 
 #define SILU(x) TG(silu, x)(x)
 #define GELU(x) TG(gelu, x)(x)
 #define GELU_GRAD(x) TG(gelu_grad, x)(x)
+#define GELU_TANH(x) TG(gelu_tanh, x)(x)
+#define GELU_TANH_GRAD(x) TG(gelu_tanh_grad, x)(x)
 #define SILU_GRAD(x) TG(silu_grad, x)(x)
 
 /* ---- strided walk ---- */
@@ -291,6 +309,8 @@ FM_MAP1(rm_sigmoidf)
 FM_MAP1(rm_siluf)
 FM_MAP1(rm_geluf)
 FM_MAP2(rm_gelu_gradf)
+FM_MAP1(rm_gelu_tanhf)
+FM_MAP2(rm_gelu_tanh_gradf)
 FM_MAP2(rm_silu_gradf)
 
 /* Runs map1 (nin 1) or map2 (nin 2) over the float32 inputs when they are all
@@ -375,6 +395,7 @@ DEFINE_EW_INT(gt, LOOP2, a_ > b_, a_ > b_, 1)
 DEFINE_EW_INT(ge, LOOP2, a_ >= b_, a_ >= b_, 1)
 /* (x, g) -> g f'(x) */
 DEFINE_EW_FAST(gelu_backward, LOOP2, b_ * GELU_GRAD(a_), 16, fm_run(in, 2, out, 16, NULL, map2_rm_gelu_gradf))
+DEFINE_EW_FAST(gelu_tanh_backward, LOOP2, b_ * GELU_TANH_GRAD(a_), 12, fm_run(in, 2, out, 12, NULL, map2_rm_gelu_tanh_gradf))
 DEFINE_EW_FAST(silu_backward, LOOP2, b_ * SILU_GRAD(a_), 8, fm_run(in, 2, out, 8, NULL, map2_rm_silu_gradf))
 /* cond != 0 picks a (a NaN cond counts as true, being != 0) */
 DEFINE_EW_INT(where, LOOP3, c_ != 0 ? a_ : b_, c_ != 0 ? a_ : b_, 1)
@@ -390,6 +411,7 @@ DEFINE_EW(sqrt, LOOP1, sqrt(a_), 2)
 DEFINE_EW_INT(abs, LOOP1, fabs(a_), a_ < 0 ? 0 - WRAP(a_) : WRAP(a_), 1)
 DEFINE_EW(relu, LOOP1, RELU(a_), 1)
 DEFINE_EW_FAST(gelu, LOOP1, GELU(a_), 16, fm_run(in, 1, out, 16, map1_rm_geluf, NULL))
+DEFINE_EW_FAST(gelu_tanh, LOOP1, GELU_TANH(a_), 10, fm_run(in, 1, out, 10, map1_rm_gelu_tanhf, NULL))
 DEFINE_EW_FAST(silu, LOOP1, SILU(a_), 8, fm_run(in, 1, out, 8, map1_rm_siluf, NULL))
 DEFINE_EW_FAST(sigmoid, LOOP1, SIGMOID(a_), 8, fm_run(in, 1, out, 8, map1_rm_sigmoidf, NULL))
 DEFINE_EW_INT(copy, LOOP1, a_, a_, 1)

@@ -214,6 +214,28 @@ RM_FM_INLINE float rm_gelu_gradf(float x) {
   return rm_fm_sel_(x == -INFINITY, 0.0f, y);
 }
 
+/* The tanh-approximate GELU (GPT-2's), 0.5 x (1 + tanh(u)) with
+ * u = sqrt(2/pi) (x + 0.044715 x^3), computed as x sigmoid(2u) (the same function):
+ * 1 + tanh(u) cancels in the left tail, sigmoid does not. With e = exp(-|2u|),
+ * sigmoid(2u) = 1/(1+e) or e/(1+e), and sigmoid' = e/(1+e)^2 with no 1 - s. The limits:
+ * (-inf) -> 0 and (+inf) -> +inf; the derivative is 0 or 1 past |x| = 30 (exactly so in
+ * float64 too), where x^2 would otherwise meet a zero sigmoid' as inf * 0. */
+#define RM_GELU_TANH_2C 1.5957691216057308f  /* 2 sqrt(2/pi) */
+#define RM_GELU_TANH_K 0.044715f
+RM_FM_INLINE float rm_gelu_tanhf(float x) {
+  float u = RM_GELU_TANH_2C * (x + RM_GELU_TANH_K * x * x * x);
+  float e = rm_expf(-fabsf(u)), r = 1.0f / (1.0f + e);
+  float y = x * rm_fm_sel_(u >= 0, r, e * r);
+  return rm_fm_sel_(x == -INFINITY, 0.0f, y);
+}
+RM_FM_INLINE float rm_gelu_tanh_gradf(float x) {
+  float u = RM_GELU_TANH_2C * (x + RM_GELU_TANH_K * x * x * x);
+  float e = rm_expf(-fabsf(u)), r = 1.0f / (1.0f + e);
+  float s = rm_fm_sel_(u >= 0, r, e * r), ds = e * r * r;
+  float y = s + x * ds * RM_GELU_TANH_2C * (1.0f + 3.0f * RM_GELU_TANH_K * x * x);
+  return rm_fm_sel_(fabsf(x) > 30.0f, rm_fm_sel_(x > 0, 1.0f, 0.0f), y);
+}
+
 /* ---- runtime ISA dispatch for float32 array loops ----
  *
  * The build targets x86-64-v2 (SSE4.2: 4 floats a vector). RM_FM_MULTIVERSION(ret,

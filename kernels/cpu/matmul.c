@@ -204,3 +204,12 @@ done:
   rm_tensor_drop(ctx, cw);
   return rc;
 }
+
+RM_CPU_KERNEL(gelu_tanh);
+
+/* linear_gelu: the linear kernel into the pre-activation (out[1]), then the gelu_tanh
+ * kernel from it into y (out[0]): the same bits as linear followed by gelu_tanh. */
+RM_CPU_KERNEL(linear_gelu) {
+  int rc = rm_cpu_linear(ctx, nin, in, 1, &out[1], a);
+  return rc ? rc : rm_cpu_gelu_tanh(ctx, 1, &out[1], 1, &out[0], a);
+}

@@ -1,7 +1,7 @@
 /* CUDA kernels for elementwise ops, with the same semantics as kernels/cpu/elementwise.c:
  * inputs are strided views already broadcast to the output shape (stride 0 along
  * broadcast dims), outputs contiguous. NaN propagates as on the CPU: relu(NaN) and
- * maximum(NaN, x) are NaN; gelu/silu (exact erf GELU) take their limits at +-inf.
+ * maximum(NaN, x) are NaN; gelu (exact erf GELU), gelu_tanh and silu take their limits at +-inf.
  *
  * One kernel per dtype handles every op (the op id is a uniform switch): elementwise
  * ops are memory-bound, and a single instantiation keeps the build short. Strided
@@ -28,6 +28,20 @@ template <class A> __device__ __forceinline__ A ew_gelu_grad(A x) {
   return (A)0.5 * erfc(-x * (A)0.70710678118654752440) +
          x * exp((A)-0.5 * x * x) * (A)0.3989422804014327;
 }
+/* tanh-approximate GELU as x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the
+ * CPU's formula (kernels/cpu/fastmath.h, rm_gelu_tanhf), no cancellation in 1 + tanh. */
+template <class A> __device__ __forceinline__ A ew_gelu_tanh(A x) {
+  if (isinf(x)) return x > 0 ? x : (A)0;
+  A u = (A)1.5957691216057308 * (x + (A)0.044715 * x * x * x);
+  A e = exp(-fabs(u)), r = (A)1 / ((A)1 + e);
+  return x * (u >= 0 ? r : e * r);
+}
+template <class A> __device__ __forceinline__ A ew_gelu_tanh_grad(A x) {
+  if (fabs(x) > (A)30) return x > 0 ? (A)1 : (A)0;
+  A u = (A)1.5957691216057308 * (x + (A)0.044715 * x * x * x);
+  A e = exp(-fabs(u)), r = (A)1 / ((A)1 + e);
+  return (u >= 0 ? r : e * r) + x * (e * r * r) * (A)1.5957691216057308 * ((A)1 + (A)0.134145 * x * x);
+}
 template <class A> __device__ __forceinline__ A ew_silu_grad(A x) {
   if (isinf(x)) return x > 0 ? (A)1 : (A)0;
   A s = ew_sigmoid(x);
@@ -52,6 +66,7 @@ __device__ __forceinline__ A ew_apply(int op, A a, A b, A c, A s) {
   case RM_OP_GE: return a >= b;
   case RM_OP_GELU_BACKWARD: return b * ew_gelu_grad(a);
   case RM_OP_SILU_BACKWARD: return b * ew_silu_grad(a);
+  case RM_OP_GELU_TANH_BACKWARD: return b * ew_gelu_tanh_grad(a);
   case RM_OP_WHERE: return c != 0 ? a : b;
   case RM_OP_ADD_SCALAR: return a + s;
   case RM_OP_MUL_SCALAR: return a * s;
@@ -65,6 +80,7 @@ __device__ __forceinline__ A ew_apply(int op, A a, A b, A c, A s) {
   case RM_OP_ABS: return fabs(a);
   case RM_OP_RELU: return ew_relu(a);
   case RM_OP_GELU: return ew_gelu(a);
+  case RM_OP_GELU_TANH: return ew_gelu_tanh(a);
   case RM_OP_SILU: return ew_silu(a);
   case RM_OP_SIGMOID: return ew_sigmoid(a);
   default: return a; /* copy */
@@ -246,6 +262,7 @@ EW_KERNEL(gt, GT, 2)
 EW_KERNEL(ge, GE, 2)
 EW_KERNEL(gelu_backward, GELU_BACKWARD, 2)
 EW_KERNEL(silu_backward, SILU_BACKWARD, 2)
+EW_KERNEL(gelu_tanh_backward, GELU_TANH_BACKWARD, 2)
 EW_KERNEL(where, WHERE, 3)
 EW_KERNEL(add_scalar, ADD_SCALAR, 1)
 EW_KERNEL(mul_scalar, MUL_SCALAR, 1)
@@ -260,6 +277,7 @@ EW_KERNEL(abs, ABS, 1)
 EW_KERNEL(relu, RELU, 1)
 EW_KERNEL(gelu, GELU, 1)
 EW_KERNEL(silu, SILU, 1)
+EW_KERNEL(gelu_tanh, GELU_TANH, 1)
 EW_KERNEL(sigmoid, SIGMOID, 1)
 EW_KERNEL(copy, COPY, 1)
 

@@ -19,17 +19,22 @@
  * on these shapes, ~3.4 ms forward + ~6.8 ms backward. The old bias pre-fill and beta = 1
  * read-back moved ~2.5 GB per step (the bias-free LM head's 823 MB output written as
  * zeros and read back, plus every block's linear outputs), ~0.6 ms at ~4 TB/s: gone.
- * Not used: cublasLt's GELU epilogues (GELU_AUX_BIAS forward, DGELU_BGRAD backward) for
- * the MLP's Linear + GELU. cublasLt.h does not say which GELU they compute (the erf
- * form or the tanh approximation, which differ by up to ~5e-4), while remat's gelu is
- * erf-exact (PyTorch's default): fused, the MLP could give other numbers than unfused,
- * and that cannot be checked without a device. What it would save at GPT-2
- * small (estimate from bytes): the GELU pass over the (8192 x 3072) bf16 hidden
- * activations, 50 MB read + 50 MB written forward and about twice that backward,
- * ~0.05 ms a layer, ~0.6 ms a step (4% of the 15.8 ms target). The way there: a
- * gelu(approximate = "tanh") op (GPT-2's own activation) with its CPU twin, then a fused
- * linear_gelu op whose outputs are y and the pre-activation, checked against the
- * unfused pair on the first GPU run. */
+ *
+ * linear_gelu (x w^T + b, then the tanh-approximate GELU, GPT-2's): one cublasLt matmul
+ * with CUBLASLT_EPILOGUE_GELU_AUX_BIAS (GELU_AUX without a bias) writes y and, through
+ * the aux pointer (ld = out, which cublasLt wants a multiple of 8), the pre-activation
+ * that backward needs. cublasLt's GELU epilogue is the tanh form (PyTorch uses it only
+ * for gelu(approximate = "tanh")), so it is fused only for that op, never for remat's
+ * exact (erf) gelu. Where the epilogue cannot run (float64, out not a multiple of 8, an
+ * operand cublasLt cannot read as is, a strided bias, no algorithm) the op is the linear
+ * kernel then the gelu_tanh kernel, the CPU's path. Backward is unfused: dpre = gy
+ * gelu_tanh'(pre) (one elementwise pass), then linear's two GEMMs and bias reduction.
+ * Expected time (estimate from bytes, not measured) at GPT-2 small, B = 8, T = 1024,
+ * bf16, ~4 TB/s: the (8192 x 3072) hidden activations are 50 MB. Unfused, the forward
+ * writes pre, reads it back and writes y (150 MB); fused it writes pre and y (100 MB):
+ * ~12 us and one launch a layer, ~0.2 ms a step of 12 layers (~1% of a ~16 ms step).
+ * Backward is the same either way (read gy and pre, write dpre). A DGELU epilogue on
+ * fc2's input-gradient GEMM would save that pass too (~150 MB, ~0.45 ms a step); not done. */
 #include <limits.h>
 #include <cublasLt.h>
 
@@ -234,18 +239,24 @@ static uint32_t align_of(const void *p) {
 }
 
 /* y (M x N, ldc N) = op(A) op(B) + bias (length N, contiguous) with cublasLt's bias
- * epilogue (row-major view; see gemm for the operand swap). Returns 1 when cublasLt
- * has no algorithm for it (nothing written), RM_OK when done, or an error. */
+ * epilogue (row-major view; see gemm for the operand swap). With aux (M x N, ld N):
+ * aux = op(A) op(B) (+ bias) and y = gelu_tanh(aux), the GELU_AUX(_BIAS) epilogue;
+ * bias may then be NULL. Returns 1 when cublasLt has no algorithm for it (nothing
+ * written), RM_OK when done, or an error. */
 static int lt_linear(rm_ctx *ctx, rm_dtype dt, blasmat ma, blasmat mb, int64_t M, int64_t N, int64_t K,
-                     const void *a, const void *b, const void *bias, void *c) {
+                     const void *a, const void *b, const void *bias, void *c, void *aux) {
   cu_state *st = cu_st(ctx);
   cudaDataType_t ty = dt == RM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
   if (dt != RM_BF16 && dt != RM_F32) return 1;
+  /* cublasLt wants the aux leading dim a multiple of 8 and the aux aligned */
+  if (aux && (N % 8 != 0 || align_of(aux) < 16)) return 1;
+  int64_t aux_ld = N;
   cublasLtMatmulDesc_t op = NULL;
   cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
   cublasLtMatmulPreference_t pref = NULL;
   cublasOperation_t ta = mb.tr ? CUBLAS_OP_T : CUBLAS_OP_N, tb = ma.tr ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epi = !aux ? CUBLASLT_EPILOGUE_BIAS
+                           : bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   uint32_t al[4] = { align_of(b), align_of(a), align_of(c), align_of(c) };
   size_t ws = st->lt_ws_bytes;
   float one = 1.0f, zero = 0.0f;
@@ -256,7 +267,12 @@ static int lt_linear(rm_ctx *ctx, rm_dtype dt, blasmat ma, blasmat mb, int64_t M
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) == CUBLAS_STATUS_SUCCESS &&
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) == CUBLAS_STATUS_SUCCESS &&
+    (!bias || cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) ==
+                  CUBLAS_STATUS_SUCCESS) &&
+    (!aux || (cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux) ==
+                  CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld) ==
+                  CUBLAS_STATUS_SUCCESS)) &&
     cublasLtMatrixLayoutCreate(&la, ty, mb.tr ? K : N, mb.tr ? N : K, mb.ld) == CUBLAS_STATUS_SUCCESS &&
     cublasLtMatrixLayoutCreate(&lb, ty, ma.tr ? M : K, ma.tr ? K : M, ma.ld) == CUBLAS_STATUS_SUCCESS &&
     cublasLtMatrixLayoutCreate(&lc, ty, N, M, N) == CUBLAS_STATUS_SUCCESS &&
@@ -318,7 +334,7 @@ RM_CUDA_KERNEL(linear) {
     else rm_as_blas(fin, fout, 1, fin, &mw);
   }
   if (!rc && b && bs == 1)
-    rc = lt_linear(ctx, y->dtype, mx, mw, R, fout, fin, px, pw, cu_ptr(b), cu_ptr(y));
+    rc = lt_linear(ctx, y->dtype, mx, mw, R, fout, fin, px, pw, cu_ptr(b), cu_ptr(y), NULL);
   else if (!rc)
     rc = 1;
   if (rc == 1) { /* plain GEMM, then one pass for the bias */
@@ -334,4 +350,29 @@ RM_CUDA_KERNEL(linear) {
   if (cx) cu_scratch_free(ctx, cx, (size_t)cu_numel(x) * es);
   if (cw) cu_scratch_free(ctx, cw, (size_t)cu_numel(w) * es);
   return rc;
+}
+
+RM_CUDA_KERNEL(gelu_tanh);
+
+/* linear_gelu: y = gelu_tanh(pre), pre = x w^T (+ b) (out[1], kept for backward). One
+ * cublasLt matmul with the GELU_AUX(_BIAS) epilogue writes both where it can (float32
+ * or bfloat16, x and w readable as they are, out a multiple of 8, a contiguous bias);
+ * otherwise the linear kernel then the gelu_tanh kernel, as the CPU does. */
+RM_CUDA_KERNEL(linear_gelu) {
+  const rm_tensor *x = in[0], *w = in[1], *b = nin > 2 ? in[2] : NULL;
+  rm_tensor *y = out[0], *pre = out[1];
+  int64_t fin = w->shape[1], fout = w->shape[0];
+  int64_t R = fout ? cu_numel(y) / fout : 0;
+  blasmat mx = { false, 0 }, mw = { false, 0 };
+  int rc = 1;
+  bool xok = x->ndim == 1 ? rm_as_blas(R, fin, fin * x->stride[0], x->stride[0], &mx)
+           : x->ndim == 2 ? rm_as_blas(R, fin, x->stride[0], x->stride[1], &mx)
+                          : cu_contig(x) && rm_as_blas(R, fin, fin, 1, &mx);
+  if (R > 0 && fin > 0 && R < INT_MAX && fin < INT_MAX && fout < INT_MAX && xok && (!b || b->stride[0] == 1) &&
+      rm_as_blas(fin, fout, w->stride[1], w->stride[0], &mw))
+    rc = lt_linear(ctx, y->dtype, mx, mw, R, fout, fin, cu_ptr(x), cu_ptr(w), b ? cu_ptr(b) : NULL, cu_ptr(y),
+                   cu_ptr(pre));
+  if (rc != 1) return rc;
+  rc = cuk_linear(ctx, nin, in, 1, &out[1], a);
+  return rc ? rc : cuk_gelu_tanh(ctx, 1, &out[1], 1, &out[0], a);
 }

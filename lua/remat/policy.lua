@@ -68,7 +68,7 @@ function policy.selective(ops)
 end
 
 -- Cheap-to-recompute ops a budget plan may make selective (core/policy.c's list).
-policy.cheap_ops = { "softmax", "log_softmax", "gelu", "silu", "relu", "sigmoid", "tanh", "dropout" }
+policy.cheap_ops = { "softmax", "log_softmax", "gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "dropout" }
 
 local function parse_budget(b)
   local bytes = C.parse_bytes(b)

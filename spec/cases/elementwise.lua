@@ -42,6 +42,17 @@ local function gelu_grad(x)
   if x == inf then return 1.0 elseif x == -inf then return 0.0 end
   return Phi(x) + x * math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
 end
+-- the tanh approximation, naively as written (GPT-2's gelu); kernels use x sigmoid(2u)
+local GC = math.sqrt(2 / math.pi)
+local function gelu_tanh(x)
+  if x == inf then return inf elseif x == -inf then return 0.0 end
+  return 0.5 * x * (1 + tanh(GC * (x + 0.044715 * x ^ 3)))
+end
+local function gelu_tanh_grad(x)
+  if x == inf then return 1.0 elseif x == -inf then return 0.0 end
+  local t = tanh(GC * (x + 0.044715 * x ^ 3))
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * GC * (1 + 3 * 0.044715 * x * x)
+end
 local function silu(x)
   if x == inf then return inf elseif x == -inf then return 0.0 end
   return x / (1 + math.exp(-x))
@@ -65,6 +76,7 @@ local unary = {
   abs = { f = math.abs },
   relu = { f = function(x) return x < 0 and 0.0 or x end },
   gelu = { f = gelu, lo = -4, hi = 4 },
+  gelu_tanh = { f = gelu_tanh, lo = -4, hi = 4 },
   silu = { f = silu, lo = -4, hi = 4 },
   sigmoid = { f = sigmoid, lo = -4, hi = 4 },
   copy = { f = function(x) return x end },
@@ -82,7 +94,7 @@ local unary = {
 -- f(a, b): reference; a and b ranges; ints: small integers (ties for comparisons);
 -- nodiff: why the op has no gradient case.
 local CMP = "a comparison is piecewise constant: its gradient is zero almost everywhere"
-local HELPER = "internal backward helper (gelu/silu backward); checked through their gradients"
+local HELPER = "internal backward helper (gelu/gelu_tanh/silu backward); checked through their gradients"
 local binary = {
   add = { f = function(a, b) return a + b end },
   sub = { f = function(a, b) return a - b end },
@@ -101,6 +113,7 @@ local binary = {
   ge = { f = function(a, b) return bool(a >= b) end, ints = true, nodiff = CMP },
   gelu_backward = { f = function(x, g) return g * gelu_grad(x) end, lo = -4, hi = 4, nodiff = HELPER },
   silu_backward = { f = function(x, g) return g * silu_grad(x) end, lo = -4, hi = 4, nodiff = HELPER },
+  gelu_tanh_backward = { f = function(x, g) return g * gelu_tanh_grad(x) end, lo = -4, hi = 4, nodiff = HELPER },
 }
 
 -- Ops whose cases include large tensors (the OpenMP and blocked-walk paths are shared
@@ -109,7 +122,7 @@ local binary = {
 local BIG = { n = 40001, rows = 5, row = 8200, nc = { 150, 301 } }
 local SMALLER = { n = 3001, rows = 5, row = 700, nc = { 50, 61 } }
 local LARGE = { add = BIG, relu = BIG, exp = BIG, copy = BIG,
-                gelu = SMALLER, gelu_backward = SMALLER }
+                gelu = SMALLER, gelu_backward = SMALLER, gelu_tanh = SMALLER, gelu_tanh_backward = SMALLER }
 
 local SPECIAL = { nan, inf, -inf, 0.0, 1.0, -1.0, 0.5 }
 local PAIRS = { { nan, 1 }, { 1, nan }, { nan, nan }, { inf, 1 }, { -inf, 2 }, { inf, inf },
@@ -270,6 +283,24 @@ return function(K)
   end
   cases.gelu.forward["tails: large |x| stays accurate"] = function()
     check_op("gelu", nil, gelu, nil, { K.tensor({ -10, -6, -3, 3, 6, 10 }, { 6 }) })
+  end
+  cases.gelu_tanh.forward["tails and huge |x|: limits, no inf * 0"] = function()
+    local xs = { -1e30, -40, -10, -6, -3, 3, 6, 10, 40, 1e30 }
+    check_op("gelu_tanh", nil, gelu_tanh, nil, { K.tensor(xs, { #xs }) })
+    check_op("gelu_tanh_backward", nil, function(x, g) return g * gelu_tanh_grad(x) end, nil,
+             { K.tensor(xs, { #xs }), K.tensor({ 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 }, { #xs }) })
+    -- relative accuracy in the left tail (1 + tanh(u) would cancel): x sigmoid(2u)
+    local y = flat(op("gelu_tanh", nil, K.tensor({ -5 }, { 1 })))[1]
+    local u = 2 * GC * (-5 + 0.044715 * -125)
+    local r = -5 * math.exp(u) / (1 + math.exp(u))
+    assert(math.abs(y - r) <= (K.dtype == "float64" and 1e-13 or 1e-6) * math.abs(r), ("gelu_tanh(-5): %.17g vs %.17g"):format(y, r))
+  end
+  cases.gelu_tanh.forward["differs from the exact gelu as the approximation does"] = function()
+    local t = K.tensor({ -3, -1, 0.5, 1, 2 }, { 5 })
+    local a, b = flat(op("gelu_tanh", nil, t)), flat(op("gelu", nil, t))
+    local worst = 0
+    for i = 1, 5 do worst = math.max(worst, math.abs(a[i] - b[i])) end
+    assert(worst > 1e-4 and worst < 2e-3, "gelu_tanh - gelu: " .. worst)
   end
 
   -- ---- binary ops (broadcasting) ----

@@ -71,6 +71,14 @@ local function linear_ref(xv, xsh, wv, wsh, bv)
   return out, shape
 end
 
+-- the tanh-approximate GELU, naively (spec/cases/elementwise.lua has its full cases)
+local function gelu_tanh(v)
+  local u = math.sqrt(2 / math.pi) * (v + 0.044715 * v ^ 3)
+  local t = math.exp(-2 * math.abs(u))
+  local th = (1 - t) / (1 + t)
+  return 0.5 * v * (1 + (u < 0 and -th or th))
+end
+
 return function(K)
   local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local tol = K.dtype == "float32" and 1e-4 or 1e-10
@@ -92,6 +100,20 @@ return function(K)
     K.check(y, e, shape, tol)
   end
   local gc = kit.gradcheck
+  local function check_lg(x, xv, xs, w, wv, ws, b, bv)
+    local e, shape = linear_ref(xv, xs, wv, ws, bv)
+    for i = 1, #e do e[i] = gelu_tanh(e[i]) end
+    local y = b and op("linear_gelu", nil, x, w, b) or op("linear_gelu", nil, x, w)
+    K.check(y, e, shape, tol)
+    -- the unfused pair: the same bits on the CPU (the same two kernels); on CUDA the
+    -- cublasLt epilogue may round differently
+    local p = op("gelu_tanh", nil, b and op("linear", nil, x, w, b) or op("linear", nil, x, w))
+    local a, r = C.flat(K.device == "cpu" and y or C.to_device(y, "cpu")), C.flat(K.device == "cpu" and p or C.to_device(p, "cpu"))
+    for i = 1, #a do
+      if K.device == "cpu" then assert(a[i] == r[i], ("linear_gelu[%d]: %.17g, unfused %.17g"):format(i, a[i], r[i]))
+      else assert(math.abs(a[i] - r[i]) <= tol * math.max(1, math.abs(r[i])), "linear_gelu vs unfused at " .. i) end
+    end
+  end
 
   return {
     matmul = {
@@ -249,6 +271,53 @@ return function(K)
         ["3-D and 1-D inputs"] = function()
           gc(function(x, w, b) return op("linear", nil, x, w, b) end, { { shape = { 2, 3, 4 } }, { shape = { 3, 4 } }, { shape = { 3 } } })
           gc(function(x, w, b) return op("linear", nil, x, w, b) end, { { shape = { 4 } }, { shape = { 3, 4 } }, { shape = { 3 } } })
+        end,
+      },
+    },
+    linear_gelu = {
+      forward = {
+        ["2-D with and without bias, against the naive reference and the unfused pair"] = function()
+          local x, xv = rand({ 4, 3 }, -2, 2)
+          local w, wv = rand({ 5, 3 }, -2, 2)
+          local b, bv = rand({ 5 })
+          check_lg(x, xv, { 4, 3 }, w, wv, { 5, 3 }, b, bv)
+          check_lg(x, xv, { 4, 3 }, w, wv, { 5, 3 })
+        end,
+        ["3-D and 1-D inputs, odd sizes, outputs a multiple of 8 (the cublasLt epilogue)"] = function()
+          local x, xv = rand({ 2, 7, 9 }, -2, 2)
+          local w, wv = rand({ 16, 9 }, -2, 2)
+          local b, bv = rand({ 16 })
+          check_lg(x, xv, { 2, 7, 9 }, w, wv, { 16, 9 }, b, bv)
+          check_lg(x, xv, { 2, 7, 9 }, w, wv, { 16, 9 })
+          local x1, x1v = rand({ 9 }, -2, 2)
+          check_lg(x1, x1v, { 9 }, w, wv, { 16, 9 }, b, bv)
+        end,
+        ["non-contiguous input and weight"] = function()
+          local x, xv = noncontig({ 5, 6 }, -2, 2)
+          local w, wv = noncontig({ 8, 6 }, -2, 2)
+          local b, bv = rand({ 8 })
+          check_lg(x, xv, { 5, 6 }, w, wv, { 8, 6 }, b, bv)
+        end,
+        ["empty rows and zero features"] = function()
+          local b, bv = rand({ 3 })
+          local w, wv = rand({ 3, 4 })
+          check_lg(K.tensor({}, { 0, 4 }), {}, { 0, 4 }, w, wv, { 3, 4 }, b, bv)
+          check_lg(K.tensor({}, { 2, 0 }), {}, { 2, 0 }, K.tensor({}, { 3, 0 }), {}, { 3, 0 }, b, bv)
+        end,
+        ["errors: feature mismatch, weight rank, bias shape"] = function()
+          raises("linear_gelu: input has 784 features but the weight expects 512", op, "linear_gelu", nil, (rand({ 2, 784 })), (rand({ 10, 512 })))
+          raises("linear_gelu: weight must be 2-D", op, "linear_gelu", nil, (rand({ 2, 3 })), (rand({ 3 })))
+          raises("linear_gelu: bias has shape 4", op, "linear_gelu", nil, (rand({ 2, 3 })), (rand({ 5, 3 })), (rand({ 4 })))
+        end,
+      },
+      grad = {
+        ["with bias"] = function()
+          gc(function(x, w, b) return op("linear_gelu", nil, x, w, b) end, { { shape = { 4, 3 }, lo = -2, hi = 2 }, { shape = { 2, 3 }, lo = -2, hi = 2 }, { shape = { 2 } } })
+        end,
+        ["without bias, 3-D input, non-contiguous weight"] = function()
+          gc(function(x, w) return op("linear_gelu", nil, x, w) end, { { shape = { 3, 5 } }, { shape = { 4, 5 } } })
+          gc(function(x, w, b) return op("linear_gelu", nil, x, op("transpose", { dim0 = 0, dim1 = 1 }, w), b) end,
+             { { shape = { 2, 3, 4 }, lo = -2, hi = 2 }, { shape = { 4, 3 } }, { shape = { 3 } } })
         end,
       },
     },
