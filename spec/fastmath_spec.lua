@@ -90,6 +90,28 @@ local function silu_grad(x)
   return s * (1 + x * sc), s * (1 + math.abs(x) * sc)
 end
 
+-- the tanh GELU, x sigmoid(2u) with 2u = 2 sqrt(2/pi) (x + 0.044715 x^3) (the same
+-- function as 0.5 x (1 + tanh(u)), without its cancellation), and its derivative
+-- s + x s' 2u' with the scale s + |x| s' 2u' (it crosses 0 near x = -0.75)
+local GT = 2 * math.sqrt(2 / math.pi)
+local function sig_pair(x)
+  local u = GT * (x + 0.044715 * x ^ 3)
+  local e = math.exp(-math.abs(u))
+  local s = u >= 0 and 1 / (1 + e) or e / (1 + e)
+  return s, e / (1 + e) ^ 2
+end
+local function gelu_tanh(x)
+  if x == inf then return inf elseif x == -inf then return 0.0 end
+  return x * (sig_pair(x))
+end
+local function gelu_tanh_grad(x)
+  if x ~= x then return x, x end
+  if math.abs(x) > 30 then return x > 0 and 1.0 or 0.0, x > 0 and 1.0 or 0.0 end
+  local s, ds = sig_pair(x)
+  local d = ds * GT * (1 + 3 * 0.044715 * x * x)
+  return s + x * d, s + math.abs(x) * d
+end
+
 -- ---- measuring ----
 
 local function ulp(r)
@@ -195,6 +217,21 @@ describe("float32 fast math (kernels/cpu/fastmath.h)", function()
     assert(worst > 0)
   end)
 
+  -- The float32 argument 2u carries its own rounding (~1.5 ulp of |2u|, as in any float32
+  -- tanh GELU); in the left tail exp(2u) turns that into ~|2u| ulp of relative error: up
+  -- to ~2 |2u| ulp more there (3 allowed; relative 2e-5 at x = -10, where gelu_tanh is 1e-36).
+  local function arg_extra(x) return x < 0 and 3 * math.abs(GT * (x + 0.044715 * x ^ 3)) or 0 end
+  it("gelu_tanh: <= 4 ulp, plus 3 |2u| ulp for x < 0 (its float32 argument's rounding)", function()
+    check_ulps("gelu_tanh", gelu_tanh, 4, arg_extra)
+    -- near 0 and on the right, where the argument is small or s ~ 1: plain 4 ulp
+    local t = C.from_table({ -0.5, -0.25, 0.1, 1, 3, 9 }, { 6 }, "float32")
+    local g, xs = C.flat(C.op(C.ops.gelu_tanh, nil, t)), C.flat(t)
+    for i = 1, #xs do
+      local r = gelu_tanh(xs[i])
+      assert(math.abs(g[i] - r) <= 4 * ulp(r), ("gelu_tanh(%g): %.9g vs %.9g"):format(xs[i], g[i], r))
+    end
+  end)
+
   -- gelu' and silu' cross 0, so their error is measured in ulps of the size of the
   -- terms that are added (Phi + |x| phi; s (1 + |x| (1 - s))).
   local function check_grad(op, f, bound, extra)
@@ -222,6 +259,10 @@ describe("float32 fast math (kernels/cpu/fastmath.h)", function()
 
   it("gelu_backward: <= 12 ulp of Phi(x) + |x| phi(x)", function()
     check_grad("gelu_backward", gelu_grad, 12)
+  end)
+
+  it("gelu_tanh_backward: <= 6 ulp of s + |x| s' 2u', plus 3 |2u| ulp for x < 0", function()
+    check_grad("gelu_tanh_backward", gelu_tanh_grad, 6, arg_extra)
   end)
 
   it("silu_backward: <= 6 ulp of s (1 + |x| (1 - s)) for x >= -87.3", function()
