@@ -65,6 +65,21 @@ static int operand_prepare(rm_ctx *ctx, operand *o, rm_tensor *t, bool left, rm_
   return RM_OK;
 }
 
+/* Product i of a batched matmul: y[i] = A[i] B[i] with A's and B's batch offsets
+ * from the output batch shape (strides 0 broadcast). */
+static void batch_gemm(rm_ctx *ctx, rm_dtype dt, const operand *A, const operand *B, int nb, const int64_t *bshape,
+                       const int64_t *sa, const int64_t *sb, int64_t i, const char *pa, const char *pb, char *py) {
+  const int64_t es = (int64_t)rm_dtype_size(dt), M = A->rows, K = A->cols, N = B->cols;
+  int64_t oa = 0, ob = 0, q = i;
+  for (int d = nb - 1; d >= 0; d--) {
+    int64_t k = q % bshape[d];
+    q /= bshape[d];
+    oa += k * sa[d];
+    ob += k * sb[d];
+  }
+  gemm(ctx, dt, A->bm, B->bm, M, N, K, pa + oa * es, pb + ob * es, 0.0, py + i * M * N * es, N);
+}
+
 /* Element strides of o's batch dims aligned to the output batch shape (0: broadcast). */
 static void batch_strides(const operand *o, int nb, const int64_t *bshape, int64_t *st) {
   int off = nb - o->nbatch;
@@ -120,20 +135,16 @@ RM_CPU_KERNEL(matmul) {
   /* A batch of products each too small to split by rows (rm_cpu_gemm): the batch is
    * split over the threads instead, each product a single-threaded call on one thread
    * (so every result is the same for any thread count). Left to the BLAS, a CNN's
-   * per-image products ran slower on 2 threads than on 1. */
+   * per-image products ran slower on 2 threads than on 1. Otherwise no parallel
+   * construct at all: inside even an inactive one (if false), rm_cpu_gemm's own split
+   * became a nested team, which cost a linear layer's backward 10% on 2 threads. */
   const bool par = batch > 1 && M < 64 && (double)M * (double)N * (double)K * (double)batch > RM_CPU_PAR_MIN &&
                    !omp_in_parallel();
-  _Pragma("omp parallel for if (par) schedule(static)")
-  for (int64_t i = 0; i < batch; i++) {
-    int64_t oa = 0, ob = 0, q = i;
-    for (int d = nb - 1; d >= 0; d--) {
-      int64_t k = q % bshape[d];
-      q /= bshape[d];
-      oa += k * sa[d];
-      ob += k * sb[d];
-    }
-    gemm(ctx, y->dtype, A.bm, B.bm, M, N, K, pa + oa * (int64_t)es, pb + ob * (int64_t)es, 0.0,
-         py + i * M * N * (int64_t)es, N);
+  if (par) {
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t i = 0; i < batch; i++) batch_gemm(ctx, y->dtype, &A, &B, nb, bshape, sa, sb, i, pa, pb, py);
+  } else {
+    for (int64_t i = 0; i < batch; i++) batch_gemm(ctx, y->dtype, &A, &B, nb, bshape, sa, sb, i, pa, pb, py);
   }
 done:
   rm_tensor_drop(ctx, ca);
