@@ -180,7 +180,7 @@ static int attention_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_t
 /* Query-key pairs that take part (per leading index) times the head dim and the
  * number of leading indices. Causal rows see i + (Tk - Tq) + 1 keys. */
 static double pair_work(int nin, rm_tensor *const *in, const rm_attrs *a) {
-  const rm_tensor *q = in[0], *k = in[1];
+  const rm_tensor *q = in[0];
   int n = q->ndim;
   if (nin == 1 || nin == 4) { /* packed: T x T pairs per (leading index, head), head dim W / 3H */
     int64_t H = a->attention.heads;
@@ -189,6 +189,7 @@ static double pair_work(int nin, rm_tensor *const *in, const rm_attrs *a) {
     for (int d = 0; d < n - 2; d++) bh *= (double)q->shape[d];
     return bh * (a->attention.causal ? T * T - T * (T - 1) / 2 : T * T) * hd;
   }
+  const rm_tensor *k = in[1]; /* only the three-input forms have a separate k */
   if (n < 2 || k->ndim != n) return 0;
   double Tq = (double)q->shape[n - 2], Tk = (double)k->shape[n - 2], hd = (double)q->shape[n - 1];
   double bh = 1;
