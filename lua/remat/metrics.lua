@@ -136,8 +136,10 @@ function train.read_metrics(path)
   if type(path) ~= "string" then fail(fn .. ": the path must be a string, got " .. describe(path)) end
   local f, err = io.open(path, "r")
   if not f then fail(("%s: cannot read %s: %s"):format(fn, path, tostring(err))) end
-  local text = f:read("a")
+  local text, rerr = f:read("a")
   f:close()
+  -- io.open succeeds on a directory; reading it fails
+  if not text then fail(("%s: cannot read %s: %s"):format(fn, path, tostring(rerr))) end
   local rows, columns, seen = {}, {}, {}
   local function add_column(c)
     if not seen[c] then seen[c] = true columns[#columns + 1] = c end
