@@ -339,19 +339,22 @@ static bool fm_run(rm_tensor *const *in, int nin, rm_tensor *const *out, int cos
  * work per element, which lowers the size at which OpenMP pays off. FAST: an
  * expression that does the whole op and is true, or false (then the loops run). */
 #define DEFINE_EW(name, LOOP, EXPR, COST) DEFINE_EW_FAST(name, LOOP, EXPR, COST, false)
+/* The float64 / float32 branches of a kernel (an `if` chain ending in the dtype error). */
+#define EW_FLOAT_CASES(name, LOOP, EXPR, COST)                                         \
+  if (out[0]->dtype == RM_F64) {                                                       \
+    const double s_ = a->scalar.value; (void)s_;                                       \
+    LOOP(double, EXPR, COST);                                                          \
+  } else if (out[0]->dtype == RM_F32) {                                                \
+    const float s_ = (float)a->scalar.value; (void)s_;                                 \
+    LOOP(float, EXPR, COST);                                                           \
+  } else {                                                                             \
+    return rm_fail(ctx, RM_ERR_DTYPE, #name ": cpu does not support %s",               \
+                   rm_dtype_name(out[0]->dtype));                                      \
+  }
 #define DEFINE_EW_FAST(name, LOOP, EXPR, COST, FAST)                                   \
   RM_CPU_KERNEL(name) {                                                                \
     if (FAST) return RM_OK;                                                            \
-    if (out[0]->dtype == RM_F64) {                                                     \
-      const double s_ = a->scalar.value; (void)s_;                                     \
-      LOOP(double, EXPR, COST);                                                        \
-    } else if (out[0]->dtype == RM_F32) {                                              \
-      const float s_ = (float)a->scalar.value; (void)s_;                               \
-      LOOP(float, EXPR, COST);                                                         \
-    } else {                                                                           \
-      return rm_fail(ctx, RM_ERR_DTYPE, #name ": cpu does not support %s",             \
-                     rm_dtype_name(out[0]->dtype));                                    \
-    }                                                                                  \
+    EW_FLOAT_CASES(name, LOOP, EXPR, COST)                                             \
     return RM_OK;                                                                      \
   }
 
@@ -367,16 +370,7 @@ static bool fm_run(rm_tensor *const *in, int nin, rm_tensor *const *out, int cos
     } else if (out[0]->dtype == RM_I32) {                                              \
       const int32_t s_ = (int32_t)a->scalar.value; (void)s_;                           \
       LOOP(int32_t, IEXPR, COST);                                                      \
-    } else if (out[0]->dtype == RM_F64) {                                              \
-      const double s_ = a->scalar.value; (void)s_;                                     \
-      LOOP(double, EXPR, COST);                                                        \
-    } else if (out[0]->dtype == RM_F32) {                                              \
-      const float s_ = (float)a->scalar.value; (void)s_;                               \
-      LOOP(float, EXPR, COST);                                                         \
-    } else {                                                                           \
-      return rm_fail(ctx, RM_ERR_DTYPE, #name ": cpu does not support %s",             \
-                     rm_dtype_name(out[0]->dtype));                                    \
-    }                                                                                  \
+    } else EW_FLOAT_CASES(name, LOOP, EXPR, COST)                                      \
     return RM_OK;                                                                      \
   }
 #define WRAP(x) ((uint64_t)(int64_t)(x))
