@@ -29,4 +29,19 @@ static inline void rm_attention_part(const rm_tensor *t, int64_t heads, int64_t 
   view->offset = t->offset + part * heads * D * s;
 }
 
+/* The packed backward's inputs qkv, y, lse, gy (in[0..3]) as the three-input backward
+ * takes them: views[0..4] are q, k, v, y, gy; args = { q, k, v, y, lse, gy }. */
+static inline void rm_attention_qkv_backward_args(rm_tensor *const *in, int64_t heads, rm_tensor views[5],
+                                                  const rm_tensor *args[6]) {
+  for (int i = 0; i < 3; i++) rm_attention_part(in[0], heads, i, 3, &views[i]);
+  rm_attention_part(in[1], heads, 0, 1, &views[3]);
+  rm_attention_part(in[3], heads, 0, 1, &views[4]);
+  args[0] = &views[0];
+  args[1] = &views[1];
+  args[2] = &views[2];
+  args[3] = &views[3];
+  args[4] = in[2];
+  args[5] = &views[4];
+}
+
 #endif

@@ -645,12 +645,10 @@ RM_CUDA_KERNEL(attention_backward) {
 RM_CUDA_KERNEL(attention_qkv_backward) {
   if (nin != 4) return cu_fail(ctx, RM_ERR_ARG, "attention_qkv_backward: takes qkv, y, lse, gy");
   int64_t H = a->attention.heads;
-  rm_tensor v[8];
-  for (int i = 0; i < 3; i++) rm_attention_part(in[0], H, i, 3, &v[i]);
-  rm_attention_part(in[1], H, 0, 1, &v[3]);
-  rm_attention_part(in[3], H, 0, 1, &v[4]);
-  for (int i = 0; i < 3; i++) rm_attention_part(out[0], H, i, 3, &v[5 + i]);
-  const rm_tensor *args[6] = { &v[0], &v[1], &v[2], &v[3], in[2], &v[4] };
-  const rm_tensor *g3[3] = { &v[5], &v[6], &v[7] };
+  rm_tensor v[5], g[3];
+  const rm_tensor *args[6];
+  rm_attention_qkv_backward_args(in, H, v, args);
+  for (int i = 0; i < 3; i++) rm_attention_part(out[0], H, i, 3, &g[i]);
+  const rm_tensor *g3[3] = { &g[0], &g[1], &g[2] };
   return att_backward(ctx, args, g3, a, (char *)cu_ptr(out[0]), (size_t)cu_numel(out[0]) * cu_dsize(out[0]->dtype));
 }
