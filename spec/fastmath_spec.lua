@@ -271,35 +271,42 @@ describe("float32 fast math (kernels/cpu/fastmath.h)", function()
 
   -- rows of logits over [-100, 100]: every exp is within 1.01 ulp, but x - max rounds
   -- in float32, by half an ulp of the difference, which moves exp by |x - max| 2^-24
-  -- relative (the same as before these kernels: the difference is float32 input data)
-  it("softmax and log_softmax rows: <= 4 ulp + |x - max| 2^-24 relative", function()
-    local rows, n = 8, 509
-    local v = {}
-    local seed = 12345
-    for i = 1, rows * n do
-      seed = (seed * 1103515245 + 12345) % 2147483648
-      v[i] = (seed / 2147483648) * 200 - 100
-    end
-    v[3] = -inf
-    local t = C.from_table(v, { rows, n }, "float32")
-    local xs = C.flat(t)
-    local sm = C.flat(C.op(C.ops.softmax, { dim = 1 }, t))
-    local ls = C.flat(C.op(C.ops.log_softmax, { dim = 1 }, t))
-    for r = 0, rows - 1 do
-      local m, s = -inf, 0
-      for k = 1, n do m = math.max(m, xs[r * n + k]) end
-      for k = 1, n do s = s + math.exp(xs[r * n + k] - m) end
-      local lse = m + math.log(s)
-      for k = 1, n do
-        local x = xs[r * n + k]
-        local p, lp = math.exp(x - lse), x - lse
-        local tolp = p == 0 and 0 or 4 * ulp(p) + math.abs(x - m) * 2 ^ -24 * p
-        assert(math.abs(sm[r * n + k] - p) <= tolp, ("softmax row %d col %d: %.9g vs %.9g"):format(r + 1, k, sm[r * n + k], p))
-        if lp == -inf then
-          assert(ls[r * n + k] == -inf, "log_softmax of -inf")
-        else
-          local tolq = 2 * ulp(lp) + 2 * ulp(lse)
-          assert(math.abs(ls[r * n + k] - lp) <= tolq, ("log_softmax row %d col %d: %.9g vs %.9g"):format(r + 1, k, ls[r * n + k], lp))
+  -- relative (the same as before these kernels: the difference is float32 input data);
+  -- then the same rows masked at the end as a causal mask does (row r ends in 67 r - 1
+  -- -inf for r >= 1: the kernel runs max, exp and sum on the live prefix only)
+  it("softmax and log_softmax rows: <= 4 ulp + |x - max| 2^-24 relative, plain and causally masked", function()
+    for _, masked in ipairs({ false, true }) do
+      local rows, n = 8, 509
+      local v = {}
+      local seed = 12345
+      for i = 1, rows * n do
+        seed = (seed * 1103515245 + 12345) % 2147483648
+        v[i] = (seed / 2147483648) * 200 - 100
+      end
+      v[3] = -inf
+      if masked then
+        for r = 0, rows - 1 do for k = math.max(1, n - 67 * r + 2), n do v[r * n + k] = -inf end end
+      end
+      local t = C.from_table(v, { rows, n }, "float32")
+      local xs = C.flat(t)
+      local sm = C.flat(C.op(C.ops.softmax, { dim = 1 }, t))
+      local ls = C.flat(C.op(C.ops.log_softmax, { dim = 1 }, t))
+      for r = 0, rows - 1 do
+        local m, s = -inf, 0
+        for k = 1, n do m = math.max(m, xs[r * n + k]) end
+        for k = 1, n do s = s + math.exp(xs[r * n + k] - m) end
+        local lse = m + math.log(s)
+        for k = 1, n do
+          local x = xs[r * n + k]
+          local p, lp = math.exp(x - lse), x - lse
+          local tolp = p == 0 and 0 or 4 * ulp(p) + math.abs(x - m) * 2 ^ -24 * p
+          assert(math.abs(sm[r * n + k] - p) <= tolp, ("softmax row %d col %d: %.9g vs %.9g"):format(r + 1, k, sm[r * n + k], p))
+          if lp == -inf then
+            assert(ls[r * n + k] == -inf, "log_softmax of -inf")
+          else
+            local tolq = 2 * ulp(lp) + 2 * ulp(lse)
+            assert(math.abs(ls[r * n + k] - lp) <= tolq, ("log_softmax row %d col %d: %.9g vs %.9g"):format(r + 1, k, ls[r * n + k], lp))
+          end
         end
       end
     end

@@ -210,7 +210,8 @@ RM_CPU_KERNEL(embedding) {
       int64_t i = r % len;                                                                   \
       const T *s = px + r * len;                                                             \
       T *o = po + r * len;                                                                   \
-      for (int64_t j = 0; j <= i; j++) o[j] = s[j];                                          \
+      if (o != s) memcpy(o, s, (size_t)(i + 1) * sizeof(T));                                 \
+      _Pragma("omp simd")                                                                    \
       for (int64_t j = i + 1; j < len; j++) o[j] = fill;                                     \
     }                                                                                        \
   } while (0)

@@ -332,30 +332,77 @@ RM_CPU_KERNEL(argmax) {
     }                                                                               \
   }
 
+/* Length of x[0, n) without its trailing run of exact -inf (a causally masked row t of
+ * T ends in T-1-t of them), found by a backward scan (bit compares, 16 at a time where
+ * it can), then rounded up to a multiple of 8 within the row: the SIMD loops over the
+ * live prefix then need no scalar remainder. */
+RM_FM_INLINE int64_t softmax_live_len_(const float *x, int64_t n) {
+  int64_t p = n;
+  if (n == 0 || x[n - 1] != -INFINITY) return n;
+  while (p >= 16) {
+    uint32_t d = 0;
+    for (int j = 1; j <= 16; j++) d |= rm_fm_bits_(x[p - j]) ^ 0xff800000u;  /* -inf */
+    if (d) break;
+    p -= 16;
+  }
+  while (p > 0 && x[p - 1] == -INFINITY) p--;
+  p = (p + 7) & ~(int64_t)7;
+  return p < n ? p : n;
+}
+
+/* (log_)softmax of one contiguous float32 row. max, exp and sum run on the prefix
+ * before the trailing -inf run only: each exp there is exactly 0 for a finite max,
+ * and a NaN or +inf in the prefix makes the sum NaN, so the tail is written as the
+ * full loops wrote it (0 * inv, and -inf - lse in log mode: 0 or NaN, -inf or NaN).
+ * A row of only -inf has p = 0: max -inf, sum 0, inv inf, so it is NaN (0 * inf, and
+ * -inf - -inf in log mode), as the full loops made it (-inf - -inf in every exp). */
+RM_FM_INLINE void softmax_row_f32_(const float *restrict x, float *restrict y, int64_t n, bool logmode) {
+  int64_t p = softmax_live_len_(x, n);
+  float m = -INFINITY;
+  /* a NaN may or may not win the max in SIMD lanes: the row is NaN either way */
+  _Pragma("omp simd reduction(max:m)")
+  for (int64_t k = 0; k < p; k++) m = x[k] > m ? x[k] : m;
+  double sum = 0;
+  if (logmode) {
+    _Pragma("omp simd reduction(+:sum)")
+    for (int64_t k = 0; k < p; k++) sum += rm_expf(x[k] - m);
+    float lse = m + logf((float)sum);
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < n; k++) y[k] = x[k] - lse;
+    return;
+  }
+  _Pragma("omp simd reduction(+:sum)")
+  for (int64_t k = 0; k < p; k++) {
+    float e = rm_expf(x[k] - m);
+    y[k] = e;
+    sum += e;
+  }
+  float inv = (float)(1.0 / sum);
+  _Pragma("omp simd")
+  for (int64_t k = 0; k < p; k++) y[k] *= inv;
+  float tail = 0.0f * inv;
+  _Pragma("omp simd")
+  for (int64_t k = p; k < n; k++) y[k] = tail;
+}
+
 /* float32 (log_)softmax of one column x[0, n*s) (stride s) into y: the same steps as
  * SOFTMAX_BODY, with the vectorisable rm_expf; a contiguous column (s == 1, softmax
- * over the last dim) runs as SIMD loops, y holding the exps until the last pass.
- * Compiled per ISA (RM_FM_MULTIVERSION: AVX2/AVX-512 where the CPU has them). */
+ * over the last dim) runs as softmax_row_f32_'s SIMD loops. Compiled per ISA
+ * (RM_FM_MULTIVERSION: AVX2/AVX-512 where the CPU has them). */
 RM_FM_MULTIVERSION(void, softmax_col_f32,
                    (const float *restrict x, float *restrict y, int64_t n, int64_t s, bool logmode),
                    (x, y, n, s, logmode), {
+  if (s == 1) {
+    softmax_row_f32_(x, y, n, logmode);
+    return;
+  }
   float m = -INFINITY;
   double sum = 0;
-  if (s == 1) {
-    /* a NaN may or may not win the max in SIMD lanes: the row is NaN either way */
-    _Pragma("omp simd reduction(max:m)")
-    for (int64_t k = 0; k < n; k++) m = x[k] > m ? x[k] : m;
-    _Pragma("omp simd")
-    for (int64_t k = 0; k < n; k++) y[k] = rm_expf(x[k] - m);
-    _Pragma("omp simd reduction(+:sum)")
-    for (int64_t k = 0; k < n; k++) sum += y[k];
-  } else {
-    for (int64_t k = 0; k < n; k++) if (x[k * s] > m) m = x[k * s];
-    for (int64_t k = 0; k < n; k++) {
-      float e = rm_expf(x[k * s] - m);
-      y[k * s] = e;
-      sum += e;
-    }
+  for (int64_t k = 0; k < n; k++) if (x[k * s] > m) m = x[k * s];
+  for (int64_t k = 0; k < n; k++) {
+    float e = rm_expf(x[k * s] - m);
+    y[k * s] = e;
+    sum += e;
   }
   if (logmode) {
     float lse = m + logf((float)sum);
@@ -406,6 +453,28 @@ RM_CPU_KERNEL(log_softmax) {
     }                                                                               \
   }
 
+/* float32 backward of one contiguous row (s == 1), as SOFTMAX_BW_BODY with the sum as
+ * a SIMD reduction (still in double; its order is fixed per row, so replays match),
+ * compiled per ISA; strided columns run SOFTMAX_BW_BODY itself. */
+RM_FM_MULTIVERSION(void, softmax_bw_row_f32,
+                   (const float *restrict y, const float *restrict g, float *restrict dx, int64_t n, bool logmode),
+                   (y, g, dx, n, logmode), {
+  double acc = 0;
+  if (logmode) {
+    _Pragma("omp simd reduction(+:acc)")
+    for (int64_t k = 0; k < n; k++) acc += g[k];
+    float sv = (float)acc;
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < n; k++) dx[k] = g[k] - rm_expf(y[k]) * sv;
+  } else {
+    _Pragma("omp simd reduction(+:acc)")
+    for (int64_t k = 0; k < n; k++) acc += g[k] * y[k];
+    float sv = (float)acc;
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < n; k++) dx[k] = y[k] * (g[k] - sv);
+  }
+})
+
 static int softmax_bw_run(rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, int64_t dim, bool logmode) {
   if (yt->dtype == RM_F64) {
     const double *y = rm_tensor_ptr(yt), *g = rm_tensor_ptr(gt);
@@ -414,7 +483,8 @@ static int softmax_bw_run(rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, int64_t d
   } else {
     const float *y = rm_tensor_ptr(yt), *g = rm_tensor_ptr(gt);
     float *dx = rm_tensor_ptr(dt);
-    FOR_COLUMNS(yt, dim, SOFTMAX_BW_BODY(float, rm_expf, logmode));
+    FOR_COLUMNS(yt, dim, if (s == 1) softmax_bw_row_f32(y + base, g + base, dx + base, n, logmode);
+                         else SOFTMAX_BW_BODY(float, rm_expf, logmode));
   }
   return RM_OK;
 }

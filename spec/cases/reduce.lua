@@ -212,6 +212,9 @@ return function(K)
     }
   end
 
+  -- n random values in [lo, hi] as the dtype stores them (for oracles in double)
+  local function stored(n, lo, hi) return C.flat(C.from_table(kit.values({ n }, lo, hi), { n }, K.dtype)) end
+
   local function softmax_like(name, log)
     local function run(t, v, shape, dims)
       for _, d in ipairs(dims) do
@@ -242,6 +245,49 @@ return function(K)
         for k = 1, 3 do assert(got[k] ~= got[k], "row with NaN: " .. got[k]) end
         K.check(K.tensor({ got[4], got[5], got[6] }, { 3 }), e, { 3 })
         for k = 7, 9 do assert(got[k] ~= got[k], "all -inf row: " .. got[k]) end
+      end,
+      -- the float32 CPU kernel skips a row's trailing run of -inf (causal masking): the
+      -- skipped entries must still come out as the full row gives them (0 / -inf, or
+      -- NaN when the row is NaN), rows of only -inf stay NaN, and -inf elsewhere is
+      -- no run; T = 1, 2, 7, 33, 256 covers rows shorter and longer than a vector
+      ["causally masked rows (trailing -inf) against the reference, T = 1 .. 256"] = function()
+        for _, T in ipairs({ 1, 2, 7, 33, 256 }) do
+          local v = stored(T * T, -4, 4)
+          for i = 0, T - 1 do for j = i + 1, T - 1 do v[i * T + j + 1] = -inf end end
+          run(K.tensor(v, { T, T }), v, { T, T }, { 1 })
+          -- the same rows along dim 0 (strided columns): the transpose of the mask
+          local w = {}
+          for i = 0, T - 1 do for j = 0, T - 1 do w[j * T + i + 1] = v[i * T + j + 1] end end
+          run(K.tensor(w, { T, T }), w, { T, T }, { 0 })
+        end
+      end,
+      ["masked rows with NaN, +inf, -inf inside, or only -inf"] = function()
+        local T = 33
+        local v = stored(6 * T, -4, 4)
+        local function row(r) return (r - 1) * T end
+        for r = 1, 6 do for j = 21, T do v[row(r) + j] = -inf end end  -- 13-long tails
+        v[row(1) + 5] = nan             -- NaN in the live prefix: the whole row is NaN
+        v[row(2) + 20] = inf            -- +inf just before the tail: NaN row
+        v[row(3) + 3], v[row(3) + 11] = -inf, -inf  -- -inf inside: 0 / -inf there only
+        for j = 1, T do v[row(4) + j] = -inf end    -- only -inf: NaN
+        v[row(5) + 1] = nan             -- NaN first, all the rest masked
+        for j = 2, T do v[row(5) + j] = -inf end
+        v[row(6) + 7] = inf             -- +inf alone in the prefix
+        local got = C.flat(op(name, { dim = 1 }, K.tensor(v, { 6, T })))
+        for _, r in ipairs({ 1, 2, 4, 5, 6 }) do
+          for j = 1, T do assert(got[row(r) + j] ~= got[row(r) + j], ("row %d col %d: %s, expected nan"):format(r, j, got[row(r) + j])) end
+        end
+        assert(got[row(3) + 3] == (log and -inf or 0) and got[row(3) + T] == (log and -inf or 0), "masked entries of row 3")
+        run(K.tensor(v, { 6, T }), v, { 6, T }, { 1 })
+      end,
+      ["log_softmax keeps -inf where softmax gives 0 (masked 2x4x8)"] = function()
+        local v = stored(64, -2, 2)
+        for b = 0, 7 do for j = 1, 7 do if j > b then v[b * 8 + j + 1] = -inf end end end
+        local got = C.flat(op(name, { dim = -1 }, K.tensor(v, { 2, 4, 8 })))
+        for b = 0, 7 do for j = 0, 7 do
+          local g = got[b * 8 + j + 1]
+          if j > b then assert(g == (log and -inf or 0), ("row %d col %d: %s"):format(b + 1, j + 1, g)) end
+        end end
       end,
       ["non-contiguous input, empty tensors"] = function()
         local t, v = noncontig({ 4, 5 })
@@ -301,6 +347,27 @@ return function(K)
             local y = op(log and "log_softmax" or "softmax", { dim = d }, x)
             local g, gv = rand(shape)
             K.check(op(name, { dim = d }, y, g), softmax_bw_ref(C.flat(y), gv, shape, d, log), shape)
+          end
+        end,
+        -- contiguous rows of 33 and 256 (the float32 SIMD path) from masked logits:
+        -- y is 0 (softmax) or -inf (log_softmax) on the tail; a NaN gradient there
+        -- still makes its row NaN, an inf one too (0 * inf in softmax's sum), and
+        -- the other rows stay finite
+        ["masked rows, long rows, NaN and inf gradients on the masked tail"] = function()
+          for _, T in ipairs({ 33, 256 }) do
+            local v = stored(4 * T, -3, 3)
+            for r = 0, 3 do for j = r * 7 + 1, T - 1 do v[r * T + j + 1] = -inf end end
+            local y = op(log and "log_softmax" or "softmax", { dim = 1 }, K.tensor(v, { 4, T }))
+            local gv = stored(4 * T, -1, 1)
+            gv[T] = inf            -- row 1, masked column
+            gv[2 * T] = nan        -- row 2, masked column
+            local got = op(name, { dim = 1 }, y, K.tensor(gv, { 4, T }))
+            local flat = C.flat(K.device == "cpu" and got or C.to_device(got, "cpu"))
+            -- (log_softmax_backward: sum(g) = inf gives -inf on row 1's live entries)
+            for j = log and T + 1 or 1, 2 * T do assert(flat[j] ~= flat[j], ("T %d: element %d is %s, expected nan"):format(T, j, flat[j])) end
+            for j = 2 * T + 1, 4 * T do assert(flat[j] == flat[j], ("T %d: element %d is nan"):format(T, j)) end
+            local yv = C.flat(K.device == "cpu" and y or C.to_device(y, "cpu"))
+            K.check(got, softmax_bw_ref(yv, gv, { 4, T }, 1, log), { 4, T })
           end
         end,
         ["shape mismatch is an error"] = function()
