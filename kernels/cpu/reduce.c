@@ -298,13 +298,20 @@ RM_CPU_KERNEL(argmax) {
 /* ---- softmax family: one column (n elements, stride s) per iteration ---- */
 
 /* Runs BODY for every column of the reduction over attr dim of in[0]; inside BODY, the
- * column's offset is `base`, its length `n`, its stride `s`. */
+ * column's offset is `base`, its length `n`, its stride `s`. Threads take contiguous
+ * rows (s == 1) in round-robin chunks of about 4 KiB of float32, not one range each:
+ * the cost of a causally masked row grows with its index (softmax skips the -inf
+ * tail), so one range each would give one thread the long rows. Strided columns
+ * (neighbours share cache lines) keep one contiguous range per thread. */
 #define FOR_COLUMNS(t, dim, BODY)                                                   \
   do {                                                                              \
     int64_t outer_, n, s;                                                           \
     split3(t, red_dim(t, dim), &outer_, &n, &s);                                    \
     int64_t cols_ = outer_ * s;                                                     \
-    _Pragma("omp parallel for if (cols_ * n > RM_CPU_PAR_MIN)")                     \
+    int64_t nt_ = omp_get_max_threads();                                            \
+    int64_t chunk_ = s != 1 ? (cols_ + nt_ - 1) / nt_ : n >= 1024 ? 1 : 1024 / (n ? n : 1); \
+    if (chunk_ < 1) chunk_ = 1;                                                     \
+    _Pragma("omp parallel for schedule(static, chunk_) if (cols_ * n > RM_CPU_PAR_MIN)") \
     for (int64_t c_ = 0; c_ < cols_; c_++) {                                        \
       int64_t base = (c_ / s) * n * s + c_ % s;                                     \
       BODY;                                                                         \
