@@ -103,10 +103,17 @@ static rm_plan *uniform(rm_ctx *ctx, int n, rm_action a, const rm_opset *ops) {
   return p;
 }
 
-/* A boundary at layers 0, k, 2k, ...; the layers between are recomputed. */
+/* A boundary at layers 0, k, 2k, ...; the layers between are recomputed, except after
+ * the last boundary: backward starts with that segment, so replaying it would only
+ * repeat the forward that just ran it, while keeping it holds the same tensors when
+ * backward reaches it (only the loss's own temporaries, made in between, then sit
+ * beside them: the same peak on the models the specs measure). Those layers keep (as
+ * PyTorch's checkpoint_sequential runs its last segment without checkpointing). */
 static rm_plan *every(rm_ctx *ctx, int n, int k) {
   rm_plan *p = rm_plan_new(ctx, n);
-  for (int i = 0; p && i < n; i++) p->action[i] = i % k == 0 ? RM_BOUNDARY : RM_RECOMPUTE;
+  int last = (n - 1) / k * k;
+  for (int i = 0; p && i < n; i++)
+    p->action[i] = i >= last ? RM_KEEP : i % k == 0 ? RM_BOUNDARY : RM_RECOMPUTE;
   return p;
 }
 

@@ -143,6 +143,29 @@ describe("activation memory under every(k)", function()
     assert.is_true(peaks[17] <= none * 1.05)
   end)
 
+  it("keeps the layers after its last boundary: the same peak as replaying them, less replay", function()
+    -- backward starts with the last segment, so its replay would rebuild what the forward
+    -- just freed; keeping it instead holds the same tensors at the same moment
+    for _, k in ipairs { 1, 3, 4, 5, 17 } do
+      local m = build()
+      local last = (n + 1 - 1) // k * k + 1 -- the last boundary (1-based; n + 1 layers)
+      local plan = m:plan(x, { policy = policy.every(k), loss = loss_fn })
+      for i, l in ipairs(plan.layers) do
+        local want = i >= last and "keep" or (i - 1) % k == 0 and "boundary" or "recompute"
+        assert.equal(want, l.action, ("every(%d), layer %d"):format(k, i))
+      end
+      local replayed = policy.custom(function(l) return (l.index - 1) % k == 0 and "boundary" or "recompute" end)
+      local old = m:plan(x, { policy = replayed, loss = loss_fn })
+      assert.equal(old.predicted_peak, plan.predicted_peak, ("every(%d)"):format(k))
+      -- strictly less where the last segment holds a block (with k = 1 or 4 it is the
+      -- final Linear alone, whose backward reads only its input: nothing to replay)
+      local less = (k == 1 or k == 4) and plan.recompute_flops <= old.recompute_flops or plan.recompute_flops < old.recompute_flops
+      assert.is_true(less, ("every(%d): %g vs %g flops"):format(k, plan.recompute_flops, old.recompute_flops))
+      local _, _, peak = step(build, x, loss_fn, policy.every(k))
+      assert.equal(plan.predicted_peak, peak)
+    end
+  end)
+
   it("budget(b) never exceeds b over a sweep of b, and keeps everything when that fits", function()
     local _, _, none = step(build, x, loss_fn, policy.none())
     local m = build()
@@ -462,7 +485,8 @@ describe("model:checkpoint", function()
     m:add(nn.ReLU()):add(nn.Linear(3, 2))
     local plan = m:plan(remat.randn(4, 3))
     assert.equal(3, #plan.layers)
-    assert.same({ "boundary", "recompute", "boundary" },
+    -- layer 3 starts the last segment: every(k) keeps what follows its last boundary
+    assert.same({ "boundary", "recompute", "keep" },
       { plan.layers[1].action, plan.layers[2].action, plan.layers[3].action })
     local y = m(remat.randn(4, 3))
     y:sum():backward()

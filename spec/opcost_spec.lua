@@ -6,6 +6,12 @@ local C = remat._C
 
 -- One residual block whose only selective-evictable op is the GELU: selective{gelu}
 -- replays exactly one op call.
+-- A boundary every k layers, the last segment included (policy.every keeps the layers
+-- after its last boundary; these specs are about what a replayed segment reruns).
+local function segments(k)
+  return policy.custom(function(l) return (l.index - 1) % k == 0 and "boundary" or "recompute" end)
+end
+
 local function block(d)
   remat.manual_seed(5)
   return nn.Sequential { nn.Residual(nn.Sequential { nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d) }) }
@@ -105,8 +111,9 @@ describe("per-op timers", function()
 
   it("split first runs from replays, per op", function()
     local m = block(8)
-    m:checkpoint(policy.every(1))
     local x = remat.randn(4, 8)
+    m:checkpoint(segments(1))
+    m:plan(x)
     C.op_timers(true)
     local y = m(x)
     y:sum():backward()
@@ -129,25 +136,27 @@ describe("per-op timers", function()
     local layers = {}
     for i = 1, 6 do layers[i] = nn.Residual(nn.Sequential { nn.Linear(8, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 8) }) end
     local m = nn.Sequential(layers)
-    for _, case in ipairs { { policy.every(1), 6, 0 }, { policy.every(3), 10, 4 } } do
+    local x = remat.randn(4, 8)
+    for _, case in ipairs { { segments(1), 6, 0, "every 1" }, { segments(3), 10, 4, "every 3" } } do
       m:checkpoint(case[1])
+      m:plan(x)
       C.op_timers(true)
-      m(remat.randn(4, 8)):sum():backward()
+      m(x):sum():backward()
       C.op_timers(false)
       local t = C.op_timing()
       assert.equal(12, t.linear.calls)
-      assert.equal(case[2], t.linear.replay_calls, tostring(case[1]))
-      assert.equal(case[3], t.add.replay_calls, tostring(case[1]))
+      assert.equal(case[2], t.linear.replay_calls, case[4])
+      assert.equal(case[3], t.add.replay_calls, case[4])
       assert.equal(6, t.gelu.replay_calls)
       m:zero_grad()
     end
   end)
 
   it("show no op replayed more often than the forward ran it (no redundant chain replays)", function()
-    -- every(10): one segment over all 8 blocks (each replays q, k and v from views of one
-    -- qkv projection; those once piled up until the segment's replay ended, and past 32
-    -- of them each view replayed the projection again)
-    local policies = { policy.every(1), policy.every(2), policy.sqrt(), policy.every(10),
+    -- segments(10): one segment over all 10 layers (each of the 8 blocks replays q, k and
+    -- v from views of one qkv projection; those once piled up until the segment's replay
+    -- ended, and past 32 of them each view replayed the projection again)
+    local policies = { policy.every(1), policy.every(2), policy.sqrt(), segments(10),
                        policy.selective { "softmax", "gelu", "dropout" }, policy.budget(1) }
     for _, p in ipairs(policies) do
       remat.manual_seed(11)

@@ -49,7 +49,8 @@ end
 -- Keep everything (no checkpointing).
 function policy.none() return new("none()", { kind = "none" }) end
 
--- A boundary at layers 1, k+1, 2k+1, ...; the layers between are recomputed.
+-- A boundary at layers 1, k+1, 2k+1, ...; the layers between are recomputed, and those
+-- from the last boundary on keep (core/policy.c says why).
 function policy.every(k)
   if math.type(k) ~= "integer" or k < 1 then
     error("policy.every: k must be an integer >= 1, got " .. tostring(k), 2)
