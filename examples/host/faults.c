@@ -179,7 +179,8 @@ static int nulls_mode(void) {
   EXPECT(rm_checkpoint(ctx, seq, NULL) == RM_ERR_ARG && rm_checkpoint(ctx, lin, &pol) == RM_ERR_ARG);
   EXPECT(rm_module_add_child(ctx, seq, NULL) == RM_ERR_ARG && rm_module_add_child(ctx, seq, lin) == RM_OK);
   EXPECT(rm_checkpoint_plan(ctx, seq, NULL) == RM_ERR_ARG && rm_checkpoint_action(seq, 0) == NULL);
-  EXPECT(rm_checkpoint(ctx, seq, &pol) == RM_OK && !strcmp(rm_checkpoint_action(seq, 0), "boundary"));
+  /* every(1) on one layer: that layer is the last segment, which keeps (core/policy.c) */
+  EXPECT(rm_checkpoint(ctx, seq, &pol) == RM_OK && !strcmp(rm_checkpoint_action(seq, 0), "keep"));
   EXPECT(rm_checkpoint_action(seq, 1) == NULL && rm_checkpoint_action(seq, -1) == NULL);
   pol.every = 0;
   EXPECT(rm_checkpoint(ctx, seq, &pol) == RM_ERR_ARG);
