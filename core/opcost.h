@@ -4,12 +4,12 @@
  * replayed op costs on this machine. A roofline (FLOPs + bytes x balance) is off by up to
  * 10x on CPU (dropout's Philox, softmax's exp, small matmuls' overhead), so costs are
  * measured: each distinct op call a dry run meets (op, attrs, the geometry of its
- * inputs) is run alone, for real, on zero-filled inputs of that geometry, and its least
- * time of 7 is cached on the context. Calibration happens at first use (rm_plan_simulate
- * calls rm_opcost_calibrate when its dry run met calls not yet measured) and costs
- * milliseconds; later plans of the same shapes reuse it. A call that cannot be measured
- * (out of memory, an op that rejects zeros) is priced by the roofline times the seconds
- * per roofline unit fitted on the measured calls of its device.
+ * inputs) is run alone, for real, on inputs of that geometry filled with ones, and its
+ * least time of 7 is cached on the context. Calibration happens at first use
+ * (rm_plan_simulate calls rm_opcost_calibrate when its dry run met calls not yet
+ * measured) and costs milliseconds; later plans of the same shapes reuse it. A call that
+ * cannot be measured (out of memory, an op that rejects ones) is priced by the roofline
+ * times the seconds per roofline unit fitted on the measured calls of its device.
  *
  * The timers (rm_opcost_profile) add up, per op, the seconds of every op the context
  * runs, split into first runs and replays: where a step's time goes. They read the host

@@ -67,6 +67,10 @@ void rm_cpu_gemm(rm_ctx *ctx, rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64
                  int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb, double beta,
                  void *c, int64_t ldc);
 
+/* Whether this CPU has AVX2 and REMAT_NO_AVX2 is not set (kernels/cpu/dropout.c picks
+ * its path by it; the variable lets the specs check the portable path on any machine). */
+bool rm_cpu_avx2(rm_ctx *ctx);
+
 /* Rows for OpenMP: only parallelise loops worth a thread. */
 #define RM_CPU_PAR_MIN 32768
 

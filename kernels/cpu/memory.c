@@ -9,6 +9,7 @@
  * given back by remat.memory.empty_cache() and when the context is destroyed. Smaller blocks go
  * straight to the host allocator, which is good at them. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -26,6 +27,7 @@ typedef struct cpu_state {
   size_t cached;         /* of which cached */
   size_t peak_in_use;    /* high-water mark of held - cached */
   rm_cpu_blas blas;      /* the BLAS this context calls (kernels/cpu/blas.c) */
+  bool avx2;             /* kernels with an AVX2 path may take it (rm_cpu_avx2) */
 } cpu_state;
 
 static cpu_state *state(rm_ctx *ctx) { return ctx->backend_state[RM_CPU]; }
@@ -68,10 +70,16 @@ int rm_cpu_init(rm_ctx *ctx, void **st) {
   *st = rm_host_calloc(ctx, 1, sizeof(cpu_state));
   if (!*st) return rm_fail(ctx, RM_ERR_OOM, "cpu: out of host memory for the backend state");
   rm_cpu_blas_open(&((cpu_state *)*st)->blas);
+#if defined(__x86_64__) && defined(__GNUC__)
+  const char *no = getenv("REMAT_NO_AVX2");
+  ((cpu_state *)*st)->avx2 = __builtin_cpu_supports("avx2") && !(no && *no && strcmp(no, "0") != 0);
+#endif
   return RM_OK;
 }
 
 rm_cpu_blas *rm_cpu_blas_of(rm_ctx *ctx) { return &state(ctx)->blas; }
+
+bool rm_cpu_avx2(rm_ctx *ctx) { return state(ctx)->avx2; }
 
 int rm_cpu_runtime_info(rm_ctx *ctx, rm_info *info) {
   rm_cpu_blas_report(rm_cpu_blas_of(ctx), info);

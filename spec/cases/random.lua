@@ -140,6 +140,80 @@ return function(K)
     return e
   end
 
+  -- The kernels' exact output: x * (keep ? scale : 0) in the tensor's dtype, with
+  -- scale = 1/(1-p) rounded to it (a float32 product of two floats is exact in double,
+  -- so rounding the double product once gives the float32 product).
+  local function round(v)
+    if K.dtype == "float32" then return (string.unpack("f", string.pack("f", v))) end
+    return v
+  end
+  local function dropout_exact(vals, p, seed, offset)
+    local scale, e, r = round(1 / (1 - p)), {}, nil
+    for i = 1, #vals do
+      if (i - 1) % 4 == 0 then r = philox(offset // 4 + (i - 1) // 4, seed) end
+      local keep = (r[(i - 1) % 4 + 1] + 1.0) * (1.0 / 4294967296.0) > p
+      e[i] = round(vals[i] * (keep and scale or 0))
+    end
+    return e
+  end
+  -- Bit for bit (NaN payloads aside): the sign of a zero counts.
+  local function exact(got, want, what)
+    assert(#got == #want, what .. ": " .. #got .. " values, expected " .. #want)
+    for i = 1, #got do
+      local g, w = got[i], want[i]
+      local ok
+      if w ~= w then ok = g ~= g
+      elseif w == 0 then ok = g == 0 and 1 / g == 1 / w
+      else ok = g == w end
+      assert(ok, ("%s[%d]: %s, expected %s"):format(what, i, string.format("%a", g), string.format("%a", w)))
+    end
+  end
+  -- n values in runs of 32 (the AVX2 kernel's unit; the portable one's is 64): dense
+  -- runs, runs of +0, -0 or both, and zeros around one inf, NaN, -inf or a value so
+  -- small that only its bits tell it from 0 (2^-149, float32's least subnormal); in the
+  -- portable kernel's blocks too, each of these is alone with zeros.
+  local function edge_values(n)
+    local v = {}
+    for i = 0, n - 1 do
+      local run, at, j = (i // 32) % 12, i % 32, i // 32
+      local x = (run == 2 or run == 5 or run == 9 and at % 3 == 0) and -0.0 or 0.0
+      if run == 0 then x = ((i * 37) % 101 - 50) / 7
+      elseif run == 4 and at == (j * 5) % 32 then x = math.huge
+      elseif run == 6 and at == (j * 3) % 32 then x = 0 / 0
+      elseif run == 8 and at == 31 then x = 2.0 ^ -149
+      elseif run == 10 and at == 0 then x = -math.huge end
+      v[i + 1] = x
+    end
+    return v
+  end
+  -- Dropout of edge_values at each size and p, forward and backward (through autograd,
+  -- a gradient of edge values), against dropout_exact at the generator's state.
+  local function exact_sweep(sizes, ps, big_state)
+    for si, n in ipairs(sizes) do
+      for pi, p in ipairs(ps) do
+        if big_state then
+          -- a 64-bit key, and counters that carry into their high word within a group
+          C.set_rng_state(0x9E3779B97F4A7C15 + si, 4 * (0x100000000 - 3 - pi))
+        else
+          C.manual_seed(100 * si + pi)
+          draw("rand", { si + pi }) -- an offset that is not 0
+        end
+        local seed, offset = C.rng_state()
+        local xv = edge_values(n)
+        local x = K.tensor(xv, { n })
+        C.requires_grad(x, true)
+        local y = dropout(x, p)
+        local what = ("dropout n=%d p=%g offset=%d"):format(n, p, offset)
+        exact(flat(y), dropout_exact(flat(x), p, seed, offset), what)
+        local gv = edge_values(n + 32)
+        table.remove(gv, 1) -- other runs than x's
+        local g = K.tensor({ table.unpack(gv, 1, n) }, { n })
+        C.backward(y, g)
+        exact(flat(C.grad(x)), dropout_exact(flat(g), p, seed, offset), "grad of " .. what)
+      end
+    end
+  end
+
   cases.dropout = {
     forward = {
       ["matches the Philox mask, odd sizes"] = function()
@@ -154,6 +228,21 @@ return function(K)
         local x = K.rand({ 7, 641 }) -- 4487 elements: 70 blocks of 64 (two chunks) and a tail
         local seed, offset = C.rng_state()
         K.check(dropout(x, 0.1), dropout_ref(flat(x), 0.1, seed, offset), { 7, 641 })
+      end,
+      ["bits of the kernels at odd sizes and p, zeros, -0, NaN, inf, forward and backward"] = function()
+        exact_sweep({ 1, 3, 63, 64, 65, 100, 1000, 4097 }, { 0, 1e-10, 0.1, 0.5, 0.999 })
+        exact_sweep({ 67, 4100 }, { 0.3, 0.9 }, true)
+      end,
+      ["the portable kernel (REMAT_NO_AVX2) gives the same bits"] = function()
+        if K.device ~= "cpu" then return end -- a CPU path; the case above checks this device
+        local script = ("local C = require('remat')._C; local K = require('support.kit').new(%q, 'cpu'); "
+          .. "require('cases.random')(K).dropout.forward['bits of the kernels at odd sizes and p, zeros, -0, NaN, inf, forward and backward'](); "
+          .. "print('portable ok')"):format(K.dtype)
+        local exe = (os.getenv("REMAT_BUILD") or "build") .. "/remat"
+        local pipe = assert(io.popen(("env REMAT_NO_AVX2=1 %s -e %q 2>&1"):format(exe, script)))
+        local out = pipe:read("a")
+        pipe:close()
+        assert(out:find("portable ok", 1, true), "the portable kernel: " .. out)
       end,
       ["p = 0 is the identity (NaN and inf included)"] = function()
         local v = { 1.5, -2, 0 / 0, math.huge, -math.huge, 0 }
