@@ -39,7 +39,7 @@ local function gbs(bytes, s) return bytes / s / 1e9 end
 -- float32 (less if asked): what memory can do without allocation in the way.
 local copy_n = 1 << math.min(26, max_log2 + 2)
 local big, dst = remat.rand(copy_n, device), remat.zeros(copy_n, device)
-local copy_s = time_it(function() dst:copy_(big); return dst[1] end, 0.5)
+local copy_s = time_it(function() dst:copy_(big); return dst:narrow(1, 1, 1) end, 0.5)
 local copy_gbs = gbs(2 * 4 * copy_n, copy_s)
 -- the same copy with a fresh output each time (x:clone()): what every op below pays
 local clone_s = time_it(function() return big:clone() end, 0.5)
@@ -82,4 +82,33 @@ for _, o in ipairs(ops) do
     a:free()
     b:free()
   end
+end
+
+-- The composed attention's score ops (the path a TransformerBlock takes while training
+-- with dropout: q k^T -> mul_scalar -> causal_mask -> softmax, and their backwards) on
+-- (B, H, T, T) scores, per call. Causally masked softmax rows skip their -inf tails
+-- (about half the exponentials); "bytes" is the traffic of a full read + write.
+print()
+print(("%-26s %14s %10s %9s"):format("score op (2, 4, T, T)", "T", "time", "GB/s"))
+print(string.rep("-", 62))
+local C = remat._C
+local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
+for _, T in ipairs({ 256, 1024 }) do
+  local s = remat.randn(2, 4, T, T):to(device)
+  local masked = op("causal_mask", nil, s)
+  local y = op("softmax", { dim = -1 }, masked)
+  local g = remat.randn(2, 4, T, T):to(device)
+  local rows = {
+    { "mul_scalar", 8, function() return op("mul_scalar", { value = 0.125 }, s) end },
+    { "causal_mask", 8, function() return op("causal_mask", nil, s) end },
+    { "causal_mask (backward)", 8, function() return op("causal_mask", { zeros = true }, g) end },
+    { "softmax (unmasked)", 8, function() return op("softmax", { dim = -1 }, s) end },
+    { "softmax (masked)", 8, function() return op("softmax", { dim = -1 }, masked) end },
+    { "softmax_backward", 12, function() return op("softmax_backward", { dim = -1 }, y, g) end },
+  }
+  for _, r in ipairs(rows) do
+    local t = time_it(r[3])
+    print(("%-26s %14d %8.3f ms %9.1f"):format(r[1], T, t * 1e3, gbs(r[2] * 8 * T * T, t)))
+  end
+  for _, t in ipairs({ s, masked, y, g }) do t:free() end
 end
