@@ -340,17 +340,18 @@ RM_CPU_KERNEL(argmax) {
   }
 
 /* Length of x[0, n) without its trailing run of exact -inf (a causally masked row t of
- * T ends in T-1-t of them), found by a backward scan (bit compares, 16 at a time where
+ * T ends in T-1-t of them), found by a backward scan (bit compares, 32 at a time where
  * it can), then rounded up to a multiple of 8 within the row: the SIMD loops over the
  * live prefix then need no scalar remainder. */
 RM_FM_INLINE int64_t softmax_live_len_(const float *x, int64_t n) {
   int64_t p = n;
   if (n == 0 || x[n - 1] != -INFINITY) return n;
-  while (p >= 16) {
+  while (p >= 32) {
+    const float *b = x + p - 32;
     uint32_t d = 0;
-    for (int j = 1; j <= 16; j++) d |= rm_fm_bits_(x[p - j]) ^ 0xff800000u;  /* -inf */
+    for (int j = 0; j < 32; j++) d |= rm_fm_bits_(b[j]) ^ 0xff800000u;  /* -inf */
     if (d) break;
-    p -= 16;
+    p -= 32;
   }
   while (p > 0 && x[p - 1] == -INFINITY) p--;
   p = (p + 7) & ~(int64_t)7;
