@@ -171,6 +171,22 @@ void rm_storage_release(rm_ctx *ctx, rm_storage *s) {
   rm_host_free(ctx, s, sizeof *s);
 }
 
+void rm_storage_recategorize(rm_ctx *ctx, rm_storage *s, rm_category cat) {
+  if (s->category == cat) return;
+  if (rm_hooked(ctx, RM_HOOK_FREE)) rm_hook_fire(ctx, RM_HOOK_FREE, &(rm_event){ .storage = s });
+  rm_memstats *m = &ctx->mem[s->device];
+  if (s->epoch) {
+    ctx->dry_live[s->device][s->category] -= s->bytes;
+    ctx->dry_live[s->device][cat] += s->bytes;
+  }
+  m->live[s->category] -= s->bytes;
+  m->live[cat] += s->bytes;
+  if (m->live[cat] > m->peak[cat]) m->peak[cat] = m->live[cat];
+  s->category = cat;
+  s->tag = -1;
+  if (rm_hooked(ctx, RM_HOOK_ALLOC)) rm_hook_fire(ctx, RM_HOOK_ALLOC, &(rm_event){ .storage = s });
+}
+
 void rm_memory_reset_peak(rm_ctx *ctx, rm_device dev) {
   rm_memstats *m = &ctx->mem[dev];
   for (int c = 0; c < RM_CAT_COUNT; c++) m->peak[c] = m->live[c];

@@ -28,6 +28,11 @@ rm_storage *rm_storage_new(rm_ctx *ctx, rm_device dev, rm_category cat, size_t b
 rm_storage *rm_storage_new_dry(rm_ctx *ctx, rm_device dev, rm_category cat, size_t bytes);
 void rm_storage_retain(rm_storage *s);
 void rm_storage_release(rm_ctx *ctx, rm_storage *s);
+/* Moves s's bytes from its category to cat (live and peak per category; the total does
+ * not change), as a free in the old category and an allocation in the new one to hook
+ * subscribers. For a buffer that changes role without a copy (a gradient computed as
+ * a temporary that becomes a parameter's .grad). */
+void rm_storage_recategorize(rm_ctx *ctx, rm_storage *s, rm_category cat);
 
 /* Whether `bytes` more would fit under dev's limit; RM_ERR_OOM (the message of an
  * allocation past the limit) when not. For memory taken outside the allocator (host

@@ -10,7 +10,13 @@ int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat) {
   rm_scope_enter(ctx, &sc, cat, RM_SAME);
   int rc = RM_OK;
   if (!*acc) {
-    if (g->storage && g->storage->category == cat && g->refcount == 1 && rm_tensor_is_contiguous(g)) {
+    /* g becomes the accumulator without a copy when nothing else holds it; a storage of
+     * another category (a parameter's gradient, made in backward's activation scope)
+     * changes category when g is all that uses it */
+    rm_storage *s = g->storage;
+    if (s && g->refcount == 1 && rm_tensor_is_contiguous(g) &&
+        (s->category == cat || (s->refcount == 1 && rm_tensor_nbytes(g) == s->bytes))) {
+      rm_storage_recategorize(ctx, s, cat);
       rm_tensor_hold(g);
       *acc = g;
     } else {

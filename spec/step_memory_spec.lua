@@ -6,6 +6,7 @@
 local remat = require "remat"
 local nn, optim, policy = remat.nn, remat.optim, remat.policy
 local memory = remat.memory
+local C = remat._C
 
 local W, IN, B = 16, 8, 64
 
@@ -283,6 +284,37 @@ describe("whole-step planning", function()
       assert.is_true(memory.stats().peak <= limit)
       memory.limit(nil)
     end
+  end)
+end)
+
+describe("parameter gradients", function()
+  it("become .grad without a copy: the backward's buffer changes category, accounted to the byte", function()
+    remat.manual_seed(2)
+    local model = nn.Sequential { nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16) }
+    local x = remat.randn(8, 16)
+    local pbytes = 0
+    for _, p in ipairs(model:parameters()) do pbytes = pbytes + 4 * p:numel() end
+    collectgarbage()
+    local before = memory.stats()
+    C.op_timers(true)
+    local y = model(x)
+    y:sum():backward()
+    C.op_timers(false)
+    local t = C.op_timing()
+    -- the one copy is backward's seed (ones, expanded from a scalar); each of the four
+    -- parameters' gradients was copied once more into category grad before
+    assert.is_true(t.copy == nil or t.copy.calls <= 1, "a gradient was copied")
+    y:free()
+    collectgarbage()
+    local after = memory.stats()
+    assert.equal(before.by_category.grad + pbytes, after.by_category.grad)
+    assert.equal(before.by_category.activation, after.by_category.activation)
+    -- a second backward accumulates into the same buffers
+    local g1 = model[1].weight.grad:clone()
+    model(x):sum():backward()
+    local g2 = model[1].weight.grad
+    assert.equal(2 * g1[1][1], g2[1][1])
+    assert.equal(before.by_category.grad + pbytes, memory.stats().by_category.grad)
   end)
 end)
 
