@@ -37,6 +37,19 @@ describe("per-op costs", function()
     C.opcost_calibrate(true)
   end)
 
+  it("are measured on inputs of ones, not zeros: valid indices, and no block a kernel skips", function()
+    -- dropout copies blocks of zeros without drawing random numbers, so a measurement on
+    -- zeros would price it as a copy; an embedding refuses index 0 (indices are 1-based),
+    -- so on zeros its call could not be measured at all
+    remat.manual_seed(1)
+    local m = nn.Sequential { nn.Embedding(50, 16), nn.Linear(16, 16), nn.Dropout(0.1), nn.Linear(16, 50) }
+    m:plan(remat.tensor({ { 1, 2, 3, 4 }, { 5, 6, 7, 8 } }), { policy = policy.none() })
+    local seen = {}
+    for _, e in ipairs(C.opcost_entries()) do seen[e.op] = (seen[e.op] or 0) + 1 end
+    assert.equal(1, seen.embedding)
+    assert.equal(1, seen.dropout)
+  end)
+
   it("are measured at a plan's first use, cached, and price its replays in seconds", function()
     local m = block(16)
     local x = remat.randn(8, 16)
