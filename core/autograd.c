@@ -12,10 +12,13 @@ int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat) {
   if (!*acc) {
     /* g becomes the accumulator without a copy when nothing else holds it; a storage of
      * another category (a parameter's gradient, made in backward's activation scope)
-     * changes category when g is all that uses it */
+     * changes category when g is all that uses it. A node's gradient may also share g
+     * with others (add gives its two inputs one gradient): the sum below then never
+     * writes into a shared accumulator. A leaf's .grad is always its own. */
     rm_storage *s = g->storage;
-    if (s && g->refcount == 1 && rm_tensor_is_contiguous(g) &&
-        (s->category == cat || (s->refcount == 1 && rm_tensor_nbytes(g) == s->bytes))) {
+    bool own = g->refcount == 1, shareable = cat != RM_CAT_GRAD;
+    if (s && (own || shareable) && rm_tensor_is_contiguous(g) &&
+        (s->category == cat || (own && s->refcount == 1 && rm_tensor_nbytes(g) == s->bytes))) {
       rm_storage_recategorize(ctx, s, cat);
       rm_tensor_hold(g);
       *acc = g;
@@ -25,9 +28,10 @@ int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat) {
     }
   } else {
     rm_tensor *in[2] = { *acc, g };
-    if (rm_tensor_is_contiguous(*acc)) {
+    if (rm_tensor_is_contiguous(*acc) && (*acc)->refcount == 1) {
       rc = rm_op_into(ctx, RM_OP_ADD, 2, in, NULL, 1, acc);
-    } else {   /* rm_op_into writes only contiguous tensors: a new sum replaces acc */
+    } else {   /* rm_op_into writes only contiguous tensors, and a shared one is not
+                * ours to write: a new sum replaces acc */
       rm_tensor *sum = rm_add(ctx, *acc, g);
       if (!sum) rc = ctx->err_code;
       else { rm_tensor_drop(ctx, *acc); *acc = sum; }
