@@ -289,14 +289,14 @@ static inline void walk_item(const ew_walk *w, int64_t it, int64_t *o, int64_t *
 #define FM_CHUNK 8192
 
 #define FM_MAP1(fn)                                                                    \
-  RM_FM_MULTIVERSION(void, map1_##fn, (const float *restrict a, float *restrict o, int64_t n), \
+  RM_FM_MULTIVERSION_FMA(void, map1_##fn, (const float *restrict a, float *restrict o, int64_t n), \
                      (a, o, n), {                                                      \
                        _Pragma("omp simd")                                             \
                        for (int64_t i = 0; i < n; i++) o[i] = fn(a[i]);                \
                      })
 /* (x, g) -> g f'(x) */
 #define FM_MAP2(fn)                                                                    \
-  RM_FM_MULTIVERSION(void, map2_##fn,                                                  \
+  RM_FM_MULTIVERSION_FMA(void, map2_##fn,                                                  \
                      (const float *restrict a, const float *restrict g, float *restrict o, int64_t n), \
                      (a, g, o, n), {                                                   \
                        _Pragma("omp simd")                                             \

@@ -397,7 +397,7 @@ RM_FM_INLINE void softmax_row_f32_(const float *restrict x, float *restrict y, i
  * SOFTMAX_BODY, with the vectorisable rm_expf; a contiguous column (s == 1, softmax
  * over the last dim) runs as softmax_row_f32_'s SIMD loops. Compiled per ISA
  * (RM_FM_MULTIVERSION: AVX2/AVX-512 where the CPU has them). */
-RM_FM_MULTIVERSION(void, softmax_col_f32,
+RM_FM_MULTIVERSION_FMA(void, softmax_col_f32,
                    (const float *restrict x, float *restrict y, int64_t n, int64_t s, bool logmode),
                    (x, y, n, s, logmode), {
   if (s == 1) {
