@@ -20,12 +20,15 @@
 -- backward, timed with remat.now(). Peak = peak_by_category.activation after
 -- collectgarbage() and remat.memory.reset_peak().
 --
--- Run: remat bench/checkpoint.lua [--quick] [--rounds=R] [--no-torch] [--no-plots] [--out=DIR]
--- On a loaded machine, OpenMP's default spin-waiting makes both remat and PyTorch
--- (2 threads each) 10-20x slower and erratic: a team member spins at every barrier
--- while its partner is descheduled. So the bench re-runs itself (and PyTorch under it)
--- with OMP_WAIT_POLICY=passive unless the variable is set already.
-if not os.getenv("OMP_WAIT_POLICY") and arg and arg[-1] and arg[0] then
+-- Run: remat bench/checkpoint.lua [--quick] [--rounds=R] [--no-torch] [--no-plots] [--out=DIR] [--passive]
+-- It runs in the environment it is given, as a user's script does: the remat command
+-- sets GOMP_SPINCOUNT=1000 (README, "The wait policy"), which PyTorch inherits here.
+-- --passive re-runs it (and PyTorch under it) with OMP_WAIT_POLICY=passive, steadier on
+-- a heavily shared machine: threads then sleep at every barrier, which costs each
+-- parallel loop a wake-up (5-15% of a step, more for plans that replay many small ops).
+local passive = false
+for _, a in ipairs(arg or {}) do passive = passive or a == "--passive" end
+if passive and not os.getenv("OMP_WAIT_POLICY") and arg and arg[-1] and arg[0] then
   local q = {}
   for i = -1, #arg do q[#q + 1] = "'" .. tostring(arg[i]):gsub("'", "'\\''") .. "'" end
   local ok, how, code = os.execute("OMP_WAIT_POLICY=passive " .. table.concat(q, " "))
@@ -45,7 +48,8 @@ for _, a in ipairs(arg or {}) do
   elseif k == "no-torch" then opts.no_torch = true
   elseif k == "no-plots" then opts.no_plots = true
   elseif k == "out" then opts.out = v
-  else error("bench/checkpoint.lua: unknown argument " .. a .. " (--quick --rounds=R --no-torch --no-plots --out=DIR)") end
+  elseif k == "passive" then -- handled above
+  else error("bench/checkpoint.lua: unknown argument " .. a .. " (--quick --rounds=R --no-torch --no-plots --out=DIR --passive)") end
 end
 
 -- Sizes: small enough for a 2-core CPU (the whole bench, PyTorch included, ~10 min).
@@ -280,7 +284,7 @@ local function loadavg()
 end
 out("remat checkpoint bench%s: MLP %d / GPT %d rounds after %d warm-up; OMP_NUM_THREADS=%s; load average %s",
   opts.quick and " (--quick)" or "", cfg.mlp.rounds, cfg.rounds, opts.warmup, os.getenv("OMP_NUM_THREADS") or "unset", loadavg())
-out("OMP_WAIT_POLICY=%s (see the top of this file)", os.getenv("OMP_WAIT_POLICY") or "unset")
+out("omp wait: %s (see the top of this file)", remat.info().omp_wait)
 out("MLP: N=%d, d=%d, batch %d, dropout %.1f | GPT: %d blocks, d=%d, %d heads, vocab %d, T=%d, batch %d",
   cfg.mlp.n, cfg.mlp.d, cfg.mlp.batch, cfg.dropout, cfg.gpt.blocks, cfg.gpt.d, cfg.gpt.heads, cfg.gpt.vocab, cfg.gpt.t, cfg.gpt.batch)
 

@@ -13,13 +13,15 @@
 -- whole-step peak, or whether budget() finds a plan), then one real step at it must fit.
 -- Examples/s: the median over rounds that interleave the rows (the machine is shared).
 --
--- Usage: remat bench/headline.lua [--rounds 3] [--steps 2] [--only activations|parameters]
+-- Usage: remat bench/headline.lua [--rounds 3] [--steps 2] [--only activations|parameters] [--passive]
 --
--- On a loaded machine, OpenMP's default spin-waiting makes every parallel region wait
--- for a descheduled partner (steps 10-20x slower, erratic), so the bench re-runs itself
--- with OMP_WAIT_POLICY=passive unless the variable is set already (bench/checkpoint.lua
--- does the same).
-if not os.getenv("OMP_WAIT_POLICY") and arg and arg[-1] and arg[0] then
+-- It runs in the environment it is given, as a user's script does (the remat command
+-- sets GOMP_SPINCOUNT=1000: README, "The wait policy"); --passive re-runs it with
+-- OMP_WAIT_POLICY=passive, steadier on a heavily shared machine (bench/checkpoint.lua
+-- has the same flag).
+local passive = false
+for _, a in ipairs(arg or {}) do passive = passive or a == "--passive" end
+if passive and not os.getenv("OMP_WAIT_POLICY") and arg and arg[-1] and arg[0] then
   local q = {}
   for i = -1, #arg do q[#q + 1] = "'" .. tostring(arg[i]):gsub("'", "'\\''") .. "'" end
   local ok, how, code = os.execute("OMP_WAIT_POLICY=passive " .. table.concat(q, " "))
@@ -36,11 +38,15 @@ do
   local argv, i = { ... }, 1
   while argv[i] do
     local k = argv[i]:match("^%-%-(.+)$")
-    if not k or o[k] == nil or not argv[i + 1] then
-      error("usage: remat bench/headline.lua [--rounds N] [--steps N] [--only activations|parameters]", 0)
+    if k == "passive" then
+      i = i + 1 -- handled above
+    else
+      if not k or o[k] == nil or not argv[i + 1] then
+        error("usage: remat bench/headline.lua [--rounds N] [--steps N] [--only activations|parameters] [--passive]", 0)
+      end
+      o[k] = k == "only" and argv[i + 1] or tonumber(argv[i + 1])
+      i = i + 2
     end
-    o[k] = k == "only" and argv[i + 1] or tonumber(argv[i + 1])
-    i = i + 2
   end
 end
 
@@ -168,8 +174,8 @@ local function loadavg()
 end
 
 local t_start = remat.now()
-print(("remat bench/headline.lua --rounds %d --steps %d  (OMP_WAIT_POLICY=%s; load average at start: %s)"):format(
-  o.rounds, o.steps, os.getenv("OMP_WAIT_POLICY") or "unset", loadavg()))
+print(("remat bench/headline.lua --rounds %d --steps %d  (omp wait: %s; load average at start: %s)"):format(
+  o.rounds, o.steps, remat.info().omp_wait, loadavg()))
 for _, m in ipairs(MODELS) do
   if not o.only or o.only == m.name then
     local limit = remat.memory.parse(m.limit)

@@ -10,7 +10,7 @@
 --            -> Conv2d(W/2, W, 3, pad 1) -> BatchNorm2d -> ReLU -> MaxPool2d(2)
 --            -> Flatten -> Linear(W*49, 128) -> ReLU -> Linear(128, 10),
 -- trained with AdamW and a warmup + cosine learning rate (remat.train.fit). It reached
--- 90.96% test accuracy after the default 2 epochs (42 s of training on a 2-core machine
+-- 90.96% test accuracy after the default 2 epochs (30 s of training on a 2-core machine
 -- with nothing else running; `make run`'s MLP trains its 2 epochs in about 25 s; 89.21%
 -- without BatchNorm, in an earlier version). Before training it prints
 -- what keeping every activation needs and the plan under remat.policy.budget at

@@ -26,9 +26,26 @@ set title 'Residual MLP N=64: step time vs activation budget (relative to none()
 set xlabel 'budget (MiB)'
 set ylabel 'step time / none() step time'
 set key top right
-set label "none()" at 18.469,1.0000 point pt 7 offset -1,-1 right font ',9'
-set label "every(sqrt N=8)" at 2.938,1.3418 point pt 7 offset -1,-1 right font ',9'
-set label "every(2)" at 2.000,1.3180 point pt 7 offset -1,-1 right font ',9'
+set label "none()" at 18.438,1.0000 point pt 7 offset -1,-1 right font ',9'
+set label "every(sqrt N=8)" at 2.907,1.2537 point pt 7 offset -1,-1 right font ',9'
+set label "every(2)" at 1.969,1.2323 point pt 7 offset -1,-1 right font ',9'
 plot 'bench/results/checkpoint_budget.dat' u 1:2 w lp lw 2 pt 7 t 'budget(b): measured (median of per-round ratios)', \
      '' u 1:2:5:6 w yerrorbars lc 1 pt 0 t 'quartiles of the per-round ratios', \
-     '' u 1:3 w lp lw 2 dt 2 t 'predicted: none + recompute FLOPs / forward FLOP rate'
+     '' u 1:3 w lp lw 2 dt 2 t 'predicted: none + replay time (per-op costs)'
+set datafile missing '?'
+set yrange [0.9:*]
+set xrange [0:*]
+unset label
+set xlabel 'measured peak activation (MiB)'
+set ylabel 'step time / the framework''s own none() step time'
+set key top right
+set output 'bench/results/checkpoint_frontier_mlp.png'
+set title 'Residual MLP N=64: time-memory frontier, remat budget() vs every(k) vs PyTorch 2.15.0+cu132'
+plot 'bench/results/checkpoint_frontier_mlp.dat' index 0 u 1:2 w lp lw 2 pt 7 t 'remat budget(b)', \
+     '' index 1 u 1:2:3 w labels point pt 5 offset 1,0.5 left font ',8' t 'remat fixed policies', \
+     '' index 2 u 1:2:3 w labels point pt 9 offset 1,-0.5 left font ',8' t 'PyTorch'
+set output 'bench/results/checkpoint_frontier_gpt.png'
+set title 'GPT-12: time-memory frontier, remat budget() vs every(k) vs PyTorch 2.15.0+cu132'
+plot 'bench/results/checkpoint_frontier_gpt.dat' index 0 u 1:2 w lp lw 2 pt 7 t 'remat budget(b)', \
+     '' index 1 u 1:2:3 w labels point pt 5 offset 1,0.5 left font ',8' t 'remat fixed policies', \
+     '' index 2 u 1:2:3 w labels point pt 9 offset 1,-0.5 left font ',8' t 'PyTorch'
