@@ -28,10 +28,11 @@ int rm_accumulate(rm_ctx *ctx, rm_tensor **acc, rm_tensor *g, rm_category cat) {
     }
   } else {
     rm_tensor *in[2] = { *acc, g };
-    if (rm_tensor_is_contiguous(*acc) && (*acc)->refcount == 1) {
+    /* a leaf's .grad sums in place (handles to it see the sum); a node's gradient may
+     * be shared (see above) and is then not ours to write */
+    if (rm_tensor_is_contiguous(*acc) && (cat == RM_CAT_GRAD || (*acc)->refcount == 1)) {
       rc = rm_op_into(ctx, RM_OP_ADD, 2, in, NULL, 1, acc);
-    } else {   /* rm_op_into writes only contiguous tensors, and a shared one is not
-                * ours to write: a new sum replaces acc */
+    } else {   /* rm_op_into writes only contiguous tensors: a new sum replaces acc */
       rm_tensor *sum = rm_add(ctx, *acc, g);
       if (!sum) rc = ctx->err_code;
       else { rm_tensor_drop(ctx, *acc); *acc = sum; }

@@ -309,11 +309,14 @@ describe("parameter gradients", function()
     local after = memory.stats()
     assert.equal(before.by_category.grad + pbytes, after.by_category.grad)
     assert.equal(before.by_category.activation, after.by_category.activation)
-    -- a second backward accumulates into the same buffers
-    local g1 = model[1].weight.grad:clone()
+    -- a second backward accumulates into the same buffers, in place: a handle held
+    -- across it sees the sum
+    local held = model[1].weight.grad
+    local g1 = held:clone()
     model(x):sum():backward()
     local g2 = model[1].weight.grad
     assert.equal(2 * g1[1][1], g2[1][1])
+    assert.equal(2 * g1[1][1], held[1][1])
     assert.equal(before.by_category.grad + pbytes, memory.stats().by_category.grad)
   end)
 end)
