@@ -70,13 +70,8 @@ static int operand_prepare(rm_ctx *ctx, operand *o, rm_tensor *t, bool left, rm_
 static void batch_gemm(rm_ctx *ctx, rm_dtype dt, const operand *A, const operand *B, int nb, const int64_t *bshape,
                        const int64_t *sa, const int64_t *sb, int64_t i, const char *pa, const char *pb, char *py) {
   const int64_t es = (int64_t)rm_dtype_size(dt), M = A->rows, K = A->cols, N = B->cols;
-  int64_t oa = 0, ob = 0, q = i;
-  for (int d = nb - 1; d >= 0; d--) {
-    int64_t k = q % bshape[d];
-    q /= bshape[d];
-    oa += k * sa[d];
-    ob += k * sb[d];
-  }
+  int64_t oa, ob;
+  rm_batch_offsets(i, nb, bshape, sa, sb, &oa, &ob);
   gemm(ctx, dt, A->bm, B->bm, M, N, K, pa + oa * es, pb + ob * es, 0.0, py + i * M * N * es, N);
 }
 
@@ -121,14 +116,7 @@ RM_CPU_KERNEL(matmul) {
   char *py = rm_tensor_ptr(y);
 
   /* One call when B is shared by every batch and A's batches stack into rows. */
-  bool fold = !A.bm.tr;
-  int64_t expect = M * A.bm.ld;
-  for (int d = nb - 1; d >= 0 && fold; d--) {
-    if (bshape[d] == 1) continue;
-    if (sb[d] != 0 || sa[d] != expect) fold = false;
-    expect *= bshape[d];
-  }
-  if (fold && batch * M < INT_MAX) {
+  if (rm_batch_folds(A.bm.tr, M, A.bm.ld, nb, bshape, sa, sb) && batch * M < INT_MAX) {
     gemm(ctx, y->dtype, A.bm, B.bm, batch * M, N, K, pa, pb, 0.0, py, N);
     goto done;
   }

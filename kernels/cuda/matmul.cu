@@ -155,14 +155,7 @@ RM_CUDA_KERNEL(matmul) {
   {
     char *py = (char *)cu_ptr(y);
     /* One GEMM when B is shared by every batch and A's batches stack into rows. */
-    bool fold = !A.bm.tr;
-    int64_t expect = M * A.bm.ld;
-    for (int d = nb - 1; d >= 0 && fold; d--) {
-      if (bshape[d] == 1) continue;
-      if (sb[d] != 0 || sa[d] != expect) fold = false;
-      expect *= bshape[d];
-    }
-    if (fold && batch * M < INT_MAX) {
+    if (rm_batch_folds(A.bm.tr, M, A.bm.ld, nb, bshape, sa, sb) && batch * M < INT_MAX) {
       rc = gemm(ctx, y->dtype, A.bm, B.bm, batch * M, N, K, A.p, 0, B.p, 0, 0.0, py, N, 0, 1);
       goto done;
     }
@@ -183,13 +176,8 @@ RM_CUDA_KERNEL(matmul) {
     }
     int64_t outer = batch / cnt;
     for (int64_t i = 0; i < outer && !rc; i++) {
-      int64_t oa = 0, ob = 0, q = i;
-      for (int d = inner - 1; d >= 0; d--) {
-        int64_t k = q % bshape[d];
-        q /= bshape[d];
-        oa += k * sa[d];
-        ob += k * sb[d];
-      }
+      int64_t oa, ob;
+      rm_batch_offsets(i, inner, bshape, sa, sb, &oa, &ob);
       rc = gemm(ctx, y->dtype, A.bm, B.bm, M, N, K, A.p + oa * (int64_t)es, stA,
                 B.p + ob * (int64_t)es, stB, 0.0, py + i * cnt * M * N * (int64_t)es, N, M * N, cnt);
     }
