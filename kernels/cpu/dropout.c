@@ -28,26 +28,20 @@
 #define DROP_CHUNK 4096
 #define DROP_PAR_MIN (4 * DROP_CHUNK)
 
-/* Whether the n values at x are all +0 or -0 (their bits but the sign are 0). */
-static inline int zeros_f32(const float *x, int n) {
-  uint32_t acc = 0;
-  for (int i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, x + i, sizeof u);
-    acc |= u;
+/* zeros_<S>(x, n): whether the n values at x are all +0 or -0 (their bits but the sign
+ * are 0); U is the unsigned integer of T's size. */
+#define DEFINE_ZEROS(T, U, S)                                                           \
+  static inline int zeros_##S(const T *x, int n) {                                      \
+    U acc = 0;                                                                          \
+    for (int i = 0; i < n; i++) {                                                       \
+      U u;                                                                              \
+      memcpy(&u, x + i, sizeof u);                                                      \
+      acc |= u;                                                                         \
+    }                                                                                   \
+    return (U)(acc << 1) == 0;                                                          \
   }
-  return (acc << 1) == 0;
-}
-
-static inline int zeros_f64(const double *x, int n) {
-  uint64_t acc = 0;
-  for (int i = 0; i < n; i++) {
-    uint64_t u;
-    memcpy(&u, x + i, sizeof u);
-    acc |= u;
-  }
-  return (acc << 1) == 0;
-}
+DEFINE_ZEROS(float, uint32_t, f32)
+DEFINE_ZEROS(double, uint64_t, f64)
 
 /* ---- portable: 16 counters (64 elements) at once, lane by lane over arrays ---- */
 
