@@ -150,6 +150,13 @@ int rm_module_add_child(rm_ctx *ctx, rm_module *parent, rm_module *child) {
   return rm_module_add_named_child(ctx, parent, "", child);
 }
 
+rm_module *rm_module_self_or_child(rm_module *m, const char *name, const rm_module_type *t) {
+  if (m->type == t) return m;
+  for (int i = 0; i < m->nchildren; i++)
+    if (!strcmp(m->child_names[i], name) && m->children[i]->type == t) return m->children[i];
+  return NULL;
+}
+
 /* ---- recursive visits ---- */
 
 typedef struct visit {

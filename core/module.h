@@ -84,6 +84,9 @@ int rm_module_add_named_child(rm_ctx *ctx, rm_module *parent, const char *name, 
 int rm_module_add_child(rm_ctx *ctx, rm_module *parent, rm_module *child);
 /* Parameter slot by local name, NULL when there is none. */
 rm_tensor **rm_module_param_slot(rm_module *m, const char *name);
+/* m when it is of type t, else its child named `name` when that is of type t; else NULL
+ * (a setting addressed to a module or to the block that holds one). */
+rm_module *rm_module_self_or_child(rm_module *m, const char *name, const rm_module_type *t);
 
 /* Visits every parameter (recursively, own parameters first, then children in order),
  * skipping absent ones. name: "weight", "1.weight", "3.attn.qkv.weight". slot: where

@@ -144,11 +144,8 @@ rm_module *rm_nn_attention(rm_ctx *ctx, int64_t d, int64_t heads, double dropout
 }
 
 int rm_nn_attention_set_path(rm_ctx *ctx, rm_module *m, rm_att_path path) {
-  rm_module *att = m;
-  if (m->type != &attention_type)
-    for (int i = 0; i < m->nchildren; i++)
-      if (!strcmp(m->child_names[i], "attn") && m->children[i]->type == &attention_type) att = m->children[i];
-  if (att->type != &attention_type)
+  rm_module *att = rm_module_self_or_child(m, "attn", &attention_type);
+  if (!att)
     return rm_fail(ctx, RM_ERR_ARG, "fused: %s is not a CausalSelfAttention or TransformerBlock", m->type->name);
   if (path != RM_ATT_AUTO && path != RM_ATT_FUSED && path != RM_ATT_COMPOSED)
     return rm_fail(ctx, RM_ERR_ARG, "fused: unknown attention path %d", (int)path);

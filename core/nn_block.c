@@ -79,11 +79,8 @@ rm_module *rm_nn_mlp(rm_ctx *ctx, int64_t d, int64_t hidden, double dropout) {
 
 /* The MLP (m itself, or a TransformerBlock's "mlp" child) gets activation act. */
 int rm_nn_mlp_set_activation(rm_ctx *ctx, rm_module *m, rm_activation act) {
-  rm_module *mlp = m;
-  if (m->type != &mlp_type)
-    for (int i = 0; i < m->nchildren; i++)
-      if (!strcmp(m->child_names[i], "mlp") && m->children[i]->type == &mlp_type) mlp = m->children[i];
-  if (mlp->type != &mlp_type)
+  rm_module *mlp = rm_module_self_or_child(m, "mlp", &mlp_type);
+  if (!mlp)
     return rm_fail(ctx, RM_ERR_ARG, "activation: %s is not a Linear, MLP or TransformerBlock", m->type->name);
   int rc = rm_nn_linear_set_activation(ctx, mlp->children[0], act);
   if (!rc) mlp->cfg_i[2] = act;
