@@ -3,7 +3,7 @@
  *
  * Two paths compute the same function:
  * - composed: registry ops, so that selective checkpoint policies can name each step
- *   ("matmul", "mul_scalar", "causal_mask", "softmax", "dropout"); it stores the
+ *   ("matmul", "softmax" with its scale and causal mask, "dropout"); it stores the
  *   (B, heads, T, T) probabilities for backward.
  * - fused: the "attention" op in its packed form, on the qkv projection's (B, T, 3d)
  *   output itself: it never stores the T x T matrix (it keeps its output and a per-row
@@ -79,9 +79,8 @@ static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor 
   rm_tensor_drop(ctx, k);
   q = k = NULL;
   if (!att) goto fail;
-  STEP(att, rm_scalar_op(ctx, RM_OP_MUL_SCALAR, att, 1.0 / sqrt((double)D)));
-  STEP(att, rm_causal_mask(ctx, att));
-  STEP(att, rm_softmax(ctx, att, -1));
+  /* softmax(causal_mask(scale * scores)) in one op (one pass over the T x T scores) */
+  STEP(att, rm_softmax_scaled(ctx, att, 1.0 / sqrt((double)D), true));
   if (m->training && m->cfg_f[0] > 0) STEP(att, rm_dropout(ctx, att, m->cfg_f[0]));
   STEP(att, rm_matmul(ctx, att, v));                             /* (B, H, T, D) */
   rm_tensor_drop(ctx, v);

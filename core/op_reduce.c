@@ -1,8 +1,12 @@
 /* Reductions (sum, mean, max, argmax, sum_to) and softmax / log_softmax.
  * Attrs (core/ops.def): reduce {dim, keepdim} (dim 0-based, negatives count from the
- * end; RM_DIM_ALL: every dim); sum_to: shape; the softmax family: axis {dim}.
- * Internal helpers: softmax_backward(y, g) and log_softmax_backward(y, g), axis {dim}. */
+ * end; RM_DIM_ALL: every dim); sum_to: shape; the softmax family: softmax {dim, scale,
+ * causal} (of scale * x; causal: over the last dim of (..., T, T), row i seeing columns
+ * j <= i, as causal_mask(scale * x) does in two more passes over the scores).
+ * Internal helpers: softmax_backward(y, g) and log_softmax_backward(y, g), with the
+ * forward's attrs (the gradient of x: scale times the usual one, 0 where masked). */
 
+#include <math.h>
 #include <string.h>
 
 #include "ops.h"
@@ -43,15 +47,20 @@ rm_tensor *rm_sum_to(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape) 
   return rm_op1(ctx, RM_OP_SUM_TO, 1, &a, &at);
 }
 
-static rm_tensor *softmax_op(rm_ctx *ctx, rm_op_id op, rm_tensor *a, int64_t dim) {
+static rm_tensor *softmax_op(rm_ctx *ctx, rm_op_id op, rm_tensor *a, int64_t dim, double scale, bool causal) {
   rm_attrs at;
   rm_attrs_init(&at);
-  at.axis.dim = dim;
+  at.softmax.dim = dim;
+  at.softmax.scale = scale;
+  at.softmax.causal = causal;
   return rm_op1(ctx, op, 1, &a, &at);
 }
 
-rm_tensor *rm_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return softmax_op(ctx, RM_OP_SOFTMAX, a, dim); }
-rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return softmax_op(ctx, RM_OP_LOG_SOFTMAX, a, dim); }
+rm_tensor *rm_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return softmax_op(ctx, RM_OP_SOFTMAX, a, dim, 1, false); }
+rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim) { return softmax_op(ctx, RM_OP_LOG_SOFTMAX, a, dim, 1, false); }
+rm_tensor *rm_softmax_scaled(rm_ctx *ctx, rm_tensor *a, double scale, bool causal) {
+  return softmax_op(ctx, RM_OP_SOFTMAX, a, -1, scale, causal);
+}
 
 /* ---- shapes ---- */
 
@@ -149,7 +158,18 @@ static int sum_to_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
 
 static int softmax_infer_named(rm_ctx *ctx, const char *op, rm_tensor *x, const rm_attrs *a, rm_meta *out) {
   int d;
-  if (check_dim(ctx, op, a->axis.dim, x->ndim, &d)) return ctx->err_code;
+  if (check_dim(ctx, op, a->softmax.dim, x->ndim, &d)) return ctx->err_code;
+  if (!isfinite(a->softmax.scale))
+    return rm_fail(ctx, RM_ERR_ARG, "%s: scale must be a finite number, got %g", op, a->softmax.scale);
+  if (a->softmax.causal) {
+    char s[96];
+    if (x->ndim < 2 || x->shape[x->ndim - 1] != x->shape[x->ndim - 2])
+      return rm_fail(ctx, RM_ERR_SHAPE, "%s: causal scores must be (..., T, T), got %s", op,
+                     rm_tensor_shape_str(x, s, sizeof s));
+    if (d != x->ndim - 1)
+      return rm_fail(ctx, RM_ERR_ARG, "%s: causal masking runs over the last dim, not dim %d of %d",
+                     op, d, x->ndim);
+  }
   rm_tensor_meta(x, &out[0]);
   return RM_OK;
 }
@@ -270,11 +290,8 @@ static int softmax_like_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, r
                                  rm_op_id bw) {
   rm_tensor *y = rm_node_output(ctx, n, 0);
   if (!y) return ctx->err_code;
-  rm_attrs at;
-  rm_attrs_init(&at);
-  at.axis.dim = n->attrs.axis.dim;
   rm_tensor *in[2] = { y, g[0] };
-  gin[0] = rm_op1(ctx, bw, 2, in, &at);
+  gin[0] = rm_op1(ctx, bw, 2, in, &n->attrs);
   return gin[0] ? RM_OK : ctx->err_code;
 }
 

@@ -51,6 +51,9 @@ rm_tensor *rm_argmax(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool keepdim);
 rm_tensor *rm_sum_to(rm_ctx *ctx, rm_tensor *a, int ndim, const int64_t *shape);
 rm_tensor *rm_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim);
 rm_tensor *rm_log_softmax(rm_ctx *ctx, rm_tensor *a, int64_t dim);
+/* softmax over the last dim of scale * a; causal: a is (..., T, T) and row i sees
+ * columns j <= i (causal_mask(scale * a) then softmax, in one pass). */
+rm_tensor *rm_softmax_scaled(rm_ctx *ctx, rm_tensor *a, double scale, bool causal);
 
 /* order statistics and scans (op_sort.c) */
 rm_tensor *rm_cumsum(rm_ctx *ctx, rm_tensor *a, int64_t dim, bool reverse);

@@ -215,6 +215,9 @@ for _, nm in ipairs({ "softmax", "log_softmax" }) do
   case("dim 1 of 4x5x3", nm, { dim = 0 }, { { shape = { 4, 5, 3 } } }, { grad = true })
   case("row of 2000", nm, { dim = -1 }, { { shape = { 3, 2000 }, lo = -5, hi = 5 } }, { grad = true })
   case("-inf entries", nm, { dim = -1 }, { { shape = { 1, 3 }, vals = { -math.huge, 0, 1 } } })
+  case("scale 0.35, causal 3x2x9x9", nm, { dim = -1, scale = 0.35, causal = true }, { { shape = { 3, 2, 9, 9 }, lo = -5, hi = 5 } }, { grad = true })
+  case("causal rows of 300", nm, { dim = -1, scale = 0.125, causal = true }, { { shape = { 2, 300, 300 }, lo = -5, hi = 5 } }, { grad = true })
+  case("scale -1.5 over dim 0", nm, { dim = 0, scale = -1.5 }, { { shape = { 4, 5, 3 } } }, { grad = true })
 end
 
 -- matrix products

@@ -318,24 +318,28 @@ RM_CPU_KERNEL(argmax) {
     }                                                                               \
   } while (0)
 
-#define SOFTMAX_BODY(T, EXP, LOG, logmode)                                          \
+/* One column of (log_)softmax of sc * x whose first `live` entries take part (causal
+ * rows: the rest give 0, or -inf in log mode, as causal_mask's -inf would). */
+#define SOFTMAX_BODY(T, EXP, LOG, logmode, sc, live)                                \
   {                                                                                 \
     const T *xp = x + base;                                                         \
     T *yp = y + base;                                                               \
     T m = -INFINITY;                                                                \
-    for (int64_t k = 0; k < n; k++) if (xp[k * s] > m) m = xp[k * s];               \
+    for (int64_t k = 0; k < (live); k++) if (xp[k * s] * (sc) > m) m = xp[k * s] * (sc); \
     double sum = 0;                                                                 \
-    for (int64_t k = 0; k < n; k++) {                                               \
-      T e = EXP(xp[k * s] - m);                                                     \
+    for (int64_t k = 0; k < (live); k++) {                                          \
+      T e = EXP(xp[k * s] * (sc) - m);                                              \
       if (!(logmode)) yp[k * s] = e;                                                \
       sum += e;                                                                     \
     }                                                                               \
     if (logmode) {                                                                  \
       T lse = m + (T)LOG((T)sum);                                                   \
-      for (int64_t k = 0; k < n; k++) yp[k * s] = xp[k * s] - lse;                  \
+      for (int64_t k = 0; k < (live); k++) yp[k * s] = xp[k * s] * (sc) - lse;      \
+      for (int64_t k = (live); k < n; k++) yp[k * s] = (T)-INFINITY - lse;          \
     } else {                                                                        \
       T inv = (T)(1.0 / sum);                                                       \
-      for (int64_t k = 0; k < n; k++) yp[k * s] *= inv;                             \
+      for (int64_t k = 0; k < (live); k++) yp[k * s] *= inv;                        \
+      for (int64_t k = (live); k < n; k++) yp[k * s] = (T)0 * inv;                  \
     }                                                                               \
   }
 
@@ -393,29 +397,73 @@ RM_FM_INLINE void softmax_row_f32_(const float *restrict x, float *restrict y, i
   for (int64_t k = p; k < n; k++) y[k] = tail;
 }
 
+/* softmax_row_f32_ of sc * x with only x[0, live) taking part (a causal row: the
+ * rest are masked). The scaled prefix is written to y first (then read from L1), up
+ * to a multiple of 8 with -inf, and the same loops run on it: what mul_scalar,
+ * causal_mask and softmax_row_f32_ give, without their two passes over the scores
+ * (and the -inf tail is neither written nor scanned). */
+RM_FM_INLINE void softmax_row_scaled_f32_(const float *restrict x, float *restrict y, int64_t n,
+                                          bool logmode, float sc, int64_t live) {
+  int64_t p = (live + 7) & ~(int64_t)7;
+  if (p > n) p = n;
+  float m = -INFINITY;
+  _Pragma("omp simd reduction(max:m)")
+  for (int64_t k = 0; k < live; k++) {
+    float v = x[k] * sc;
+    y[k] = v;
+    m = v > m ? v : m;
+  }
+  for (int64_t k = live; k < p; k++) y[k] = -INFINITY;
+  double sum = 0;
+  if (logmode) {
+    _Pragma("omp simd reduction(+:sum)")
+    for (int64_t k = 0; k < p; k++) sum += rm_expf(y[k] - m);
+    float lse = m + logf((float)sum);
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < live; k++) y[k] -= lse;
+    float tail = -INFINITY - lse;
+    for (int64_t k = live; k < n; k++) y[k] = tail;
+    return;
+  }
+  _Pragma("omp simd reduction(+:sum)")
+  for (int64_t k = 0; k < p; k++) {
+    float e = rm_expf(y[k] - m);
+    y[k] = e;
+    sum += e;
+  }
+  float inv = (float)(1.0 / sum);
+  _Pragma("omp simd")
+  for (int64_t k = 0; k < p; k++) y[k] *= inv;
+  float tail = 0.0f * inv;
+  _Pragma("omp simd")
+  for (int64_t k = p; k < n; k++) y[k] = tail;
+}
+
 /* float32 (log_)softmax of one column x[0, n*s) (stride s) into y: the same steps as
  * SOFTMAX_BODY, with the vectorisable rm_expf; a contiguous column (s == 1, softmax
  * over the last dim) runs as softmax_row_f32_'s SIMD loops. Compiled per ISA
  * (RM_FM_MULTIVERSION: AVX2/AVX-512 where the CPU has them). */
 RM_FM_MULTIVERSION_FMA(void, softmax_col_f32,
-                   (const float *restrict x, float *restrict y, int64_t n, int64_t s, bool logmode),
-                   (x, y, n, s, logmode), {
+                   (const float *restrict x, float *restrict y, int64_t n, int64_t s, bool logmode,
+                    float sc, int64_t live),
+                   (x, y, n, s, logmode, sc, live), {
   if (s == 1) {
-    softmax_row_f32_(x, y, n, logmode);
+    if (sc == 1.0f && live == n) softmax_row_f32_(x, y, n, logmode);
+    else softmax_row_scaled_f32_(x, y, n, logmode, sc, live);
     return;
   }
   float m = -INFINITY;
   double sum = 0;
-  for (int64_t k = 0; k < n; k++) if (x[k * s] > m) m = x[k * s];
+  for (int64_t k = 0; k < n; k++) if (x[k * s] * sc > m) m = x[k * s] * sc;
   for (int64_t k = 0; k < n; k++) {
-    float e = rm_expf(x[k * s] - m);
+    float e = rm_expf(x[k * s] * sc - m);
     y[k * s] = e;
     sum += e;
   }
   if (logmode) {
     float lse = m + logf((float)sum);
     _Pragma("omp simd")
-    for (int64_t k = 0; k < n; k++) y[k * s] = x[k * s] - lse;
+    for (int64_t k = 0; k < n; k++) y[k * s] = x[k * s] * sc - lse;
   } else {
     float inv = (float)(1.0 / sum);
     _Pragma("omp simd")
@@ -423,84 +471,108 @@ RM_FM_MULTIVERSION_FMA(void, softmax_col_f32,
   }
 })
 
-static int softmax_run(rm_tensor *xt, rm_tensor *yt, int64_t dim, bool logmode) {
+/* The scale (0, unset, is 1) and, for a causal call, the (T, T) rows' T (else 0); a
+ * causal call runs over the last dim, so a column's row index is base / n. */
+#define SOFTMAX_ATTRS(a, n)                                                         \
+  double sc_ = (a)->softmax.scale != 0 ? (a)->softmax.scale : 1.0;                 \
+  int64_t causal_t_ = (a)->softmax.causal ? (n) : 0
+#define LIVE(base, n) (causal_t_ ? ((base) / (n)) % causal_t_ + 1 : (n))
+
+static int softmax_run(rm_tensor *xt, rm_tensor *yt, const rm_attrs *a, bool logmode) {
+  int64_t last = xt->ndim ? xt->shape[xt->ndim - 1] : 1;
+  SOFTMAX_ATTRS(a, last);
   if (xt->dtype == RM_F64) {
     const double *x = rm_tensor_ptr(xt);
     double *y = rm_tensor_ptr(yt);
-    FOR_COLUMNS(xt, dim, SOFTMAX_BODY(double, exp, log, logmode));
+    FOR_COLUMNS(xt, a->softmax.dim, SOFTMAX_BODY(double, exp, log, logmode, sc_, LIVE(base, n)));
   } else {
     const float *x = rm_tensor_ptr(xt);
     float *y = rm_tensor_ptr(yt);
-    FOR_COLUMNS(xt, dim, softmax_col_f32(x + base, y + base, n, s, logmode));
+    float scf = (float)sc_;
+    FOR_COLUMNS(xt, a->softmax.dim, softmax_col_f32(x + base, y + base, n, s, logmode, scf, LIVE(base, n)));
   }
   return RM_OK;
 }
 
 RM_CPU_KERNEL(softmax) {
-  return softmax_run(in[0], out[0], a->axis.dim, false);
+  return softmax_run(in[0], out[0], a, false);
 }
 
 RM_CPU_KERNEL(log_softmax) {
-  return softmax_run(in[0], out[0], a->axis.dim, true);
+  return softmax_run(in[0], out[0], a, true);
 }
 
-/* softmax: dx = y * (g - sum(g*y)); log_softmax: dx = g - exp(y) * sum(g). */
-#define SOFTMAX_BW_BODY(T, EXP, logmode)                                            \
+/* softmax: dx = y * (g - sum(g*y)); log_softmax: dx = g - exp(y) * sum(g); times the
+ * forward's scale, over the first `live` entries (a causal row's masked entries were
+ * constants: their dx is 0 and their g does not enter the sum). */
+#define SOFTMAX_BW_BODY(T, EXP, logmode, sc, live)                                  \
   {                                                                                 \
     const T *yp = y + base, *gp = g + base;                                         \
     T *dp = dx + base;                                                              \
     double acc = 0;                                                                 \
-    for (int64_t k = 0; k < n; k++) acc += (logmode) ? gp[k * s] : gp[k * s] * yp[k * s]; \
+    for (int64_t k = 0; k < (live); k++) acc += (logmode) ? gp[k * s] : gp[k * s] * yp[k * s]; \
     T sv = (T)acc;                                                                  \
     if (logmode) {                                                                  \
       _Pragma("omp simd")                                                           \
-      for (int64_t k = 0; k < n; k++) dp[k * s] = gp[k * s] - EXP(yp[k * s]) * sv;  \
+      for (int64_t k = 0; k < (live); k++) dp[k * s] = (gp[k * s] - EXP(yp[k * s]) * sv) * (sc); \
     } else {                                                                        \
       _Pragma("omp simd")                                                           \
-      for (int64_t k = 0; k < n; k++) dp[k * s] = yp[k * s] * (gp[k * s] - sv);     \
+      for (int64_t k = 0; k < (live); k++) dp[k * s] = (yp[k * s] * (gp[k * s] - sv)) * (sc); \
     }                                                                               \
+    for (int64_t k = (live); k < n; k++) dp[k * s] = 0;                             \
   }
 
 /* float32 backward of one contiguous row (s == 1), as SOFTMAX_BW_BODY with the sum as
  * a SIMD reduction (still in double; its order is fixed per row, so replays match),
- * compiled per ISA; strided columns run SOFTMAX_BW_BODY itself. */
+ * compiled per ISA; strided columns run SOFTMAX_BW_BODY itself. An unscaled full row
+ * skips the multiply. */
 RM_FM_MULTIVERSION(void, softmax_bw_row_f32,
-                   (const float *restrict y, const float *restrict g, float *restrict dx, int64_t n, bool logmode),
-                   (y, g, dx, n, logmode), {
+                   (const float *restrict y, const float *restrict g, float *restrict dx, int64_t n,
+                    bool logmode, float sc, int64_t live),
+                   (y, g, dx, n, logmode, sc, live), {
   double acc = 0;
   if (logmode) {
     _Pragma("omp simd reduction(+:acc)")
-    for (int64_t k = 0; k < n; k++) acc += g[k];
+    for (int64_t k = 0; k < live; k++) acc += g[k];
     float sv = (float)acc;
     _Pragma("omp simd")
-    for (int64_t k = 0; k < n; k++) dx[k] = g[k] - rm_expf(y[k]) * sv;
+    for (int64_t k = 0; k < live; k++) dx[k] = g[k] - rm_expf(y[k]) * sv;
   } else {
     _Pragma("omp simd reduction(+:acc)")
-    for (int64_t k = 0; k < n; k++) acc += g[k] * y[k];
+    for (int64_t k = 0; k < live; k++) acc += g[k] * y[k];
     float sv = (float)acc;
     _Pragma("omp simd")
-    for (int64_t k = 0; k < n; k++) dx[k] = y[k] * (g[k] - sv);
+    for (int64_t k = 0; k < live; k++) dx[k] = y[k] * (g[k] - sv);
   }
+  if (sc != 1.0f) {
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < live; k++) dx[k] *= sc;
+  }
+  for (int64_t k = live; k < n; k++) dx[k] = 0;
 })
 
-static int softmax_bw_run(rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, int64_t dim, bool logmode) {
+static int softmax_bw_run(rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, const rm_attrs *a, bool logmode) {
+  int64_t last = yt->ndim ? yt->shape[yt->ndim - 1] : 1;
+  SOFTMAX_ATTRS(a, last);
   if (yt->dtype == RM_F64) {
     const double *y = rm_tensor_ptr(yt), *g = rm_tensor_ptr(gt);
     double *dx = rm_tensor_ptr(dt);
-    FOR_COLUMNS(yt, dim, SOFTMAX_BW_BODY(double, exp, logmode));
+    FOR_COLUMNS(yt, a->softmax.dim, SOFTMAX_BW_BODY(double, exp, logmode, sc_, LIVE(base, n)));
   } else {
     const float *y = rm_tensor_ptr(yt), *g = rm_tensor_ptr(gt);
     float *dx = rm_tensor_ptr(dt);
-    FOR_COLUMNS(yt, dim, if (s == 1) softmax_bw_row_f32(y + base, g + base, dx + base, n, logmode);
-                         else SOFTMAX_BW_BODY(float, rm_expf, logmode));
+    float scf = (float)sc_;
+    FOR_COLUMNS(yt, a->softmax.dim,
+                if (s == 1) softmax_bw_row_f32(y + base, g + base, dx + base, n, logmode, scf, LIVE(base, n));
+                else SOFTMAX_BW_BODY(float, rm_expf, logmode, scf, n));
   }
   return RM_OK;
 }
 
 RM_CPU_KERNEL(softmax_backward) {
-  return softmax_bw_run(in[0], in[1], out[0], a->axis.dim, false);
+  return softmax_bw_run(in[0], in[1], out[0], a, false);
 }
 
 RM_CPU_KERNEL(log_softmax_backward) {
-  return softmax_bw_run(in[0], in[1], out[0], a->axis.dim, true);
+  return softmax_bw_run(in[0], in[1], out[0], a, true);
 }

@@ -331,37 +331,46 @@ RM_CUDA_KERNEL(argmax) {
 
 /* ---- softmax family ---- */
 
-/* Fused softmax / log_softmax of contiguous rows (inner == 1): one block per row,
- * max, sum of exponentials (double), then the outputs; the row stays in L1/L2. */
+/* Fused softmax / log_softmax of sc * x over contiguous rows (inner == 1): one block
+ * per row, max, sum of exponentials (double), then the outputs; the row stays in
+ * L1/L2. causal_t > 0: the rows are (T, T) scores and row i (of each T) sees columns
+ * j <= i; the rest give 0 (-inf in log mode), as causal_mask's -inf would. */
 template <class T>
-__global__ void softmax_rows_kernel(const T *x, T *y, int64_t n, bool logmode) {
+__global__ void softmax_rows_kernel(const T *x, T *y, int64_t n, bool logmode, double scd, int64_t causal_t) {
   typedef typename cu_acc<T>::type A;
   __shared__ A shm[32];
   __shared__ double shs[32];
+  const A sc = (A)scd;
   const T *xp = x + blockIdx.x * n;
   T *yp = y + blockIdx.x * n;
+  const int64_t live = causal_t ? (int64_t)blockIdx.x % causal_t + 1 : n;
   A m = -INFINITY;
-  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-    A v = cu_ld(xp + k);
+  for (int64_t k = threadIdx.x; k < live; k += blockDim.x) {
+    A v = cu_ld(xp + k) * sc;
     if (v > m) m = v;
   }
   m = cu_block_max(m, shm);
   double s = 0;
-  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s += (double)exp(cu_ld(xp + k) - m);
+  for (int64_t k = threadIdx.x; k < live; k += blockDim.x) s += (double)exp(cu_ld(xp + k) * sc - m);
   s = cu_block_sum(s, shs);
   if (logmode) {
     A lse = m + (A)log((A)s);
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) cu_sv(yp + k, cu_ld(xp + k) - lse);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+      cu_sv(yp + k, k < live ? cu_ld(xp + k) * sc - lse : (A)-INFINITY - lse);
   } else {
     A inv = (A)(1.0 / s);
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) cu_sv(yp + k, (A)exp(cu_ld(xp + k) - m) * inv);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+      cu_sv(yp + k, k < live ? (A)exp(cu_ld(xp + k) * sc - m) * inv : (A)0 * inv);
   }
 }
 
-/* Strided columns (softmax over a dim that is not the last): one thread per column. */
+/* Strided columns (softmax over a dim that is not the last, never causal): one thread
+ * per column. */
 template <class T>
-__global__ void softmax_cols_kernel(const T *x, T *y, int64_t outer, int64_t n, int64_t s, bool logmode) {
+__global__ void softmax_cols_kernel(const T *x, T *y, int64_t outer, int64_t n, int64_t s, bool logmode,
+                                    double scd) {
   typedef typename cu_acc<T>::type A;
+  const A sc = (A)scd;
   int64_t cols = outer * s;
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols;
        c += (int64_t)gridDim.x * blockDim.x) {
@@ -369,40 +378,45 @@ __global__ void softmax_cols_kernel(const T *x, T *y, int64_t outer, int64_t n, 
     const T *xp = x + base;
     T *yp = y + base;
     A m = -INFINITY;
-    for (int64_t k = 0; k < n; k++) { A v = cu_ld(xp + k * s); if (v > m) m = v; }
+    for (int64_t k = 0; k < n; k++) { A v = cu_ld(xp + k * s) * sc; if (v > m) m = v; }
     double sum = 0;
-    for (int64_t k = 0; k < n; k++) sum += (double)exp(cu_ld(xp + k * s) - m);
+    for (int64_t k = 0; k < n; k++) sum += (double)exp(cu_ld(xp + k * s) * sc - m);
     if (logmode) {
       A lse = m + (A)log((A)sum);
-      for (int64_t k = 0; k < n; k++) cu_sv(yp + k * s, cu_ld(xp + k * s) - lse);
+      for (int64_t k = 0; k < n; k++) cu_sv(yp + k * s, cu_ld(xp + k * s) * sc - lse);
     } else {
       A inv = (A)(1.0 / sum);
-      for (int64_t k = 0; k < n; k++) cu_sv(yp + k * s, (A)exp(cu_ld(xp + k * s) - m) * inv);
+      for (int64_t k = 0; k < n; k++) cu_sv(yp + k * s, (A)exp(cu_ld(xp + k * s) * sc - m) * inv);
     }
   }
 }
 
-/* softmax: dx = y (g - sum(g y)); log_softmax: dx = g - exp(y) sum(g). */
+/* softmax: dx = y (g - sum(g y)); log_softmax: dx = g - exp(y) sum(g); times sc, over
+ * a causal row's first i + 1 entries (the masked ones get 0 and stay out of the sum). */
 template <class T>
-__global__ void softmax_bw_rows_kernel(const T *y, const T *g, T *dx, int64_t n, bool logmode) {
+__global__ void softmax_bw_rows_kernel(const T *y, const T *g, T *dx, int64_t n, bool logmode, double scd,
+                                       int64_t causal_t) {
   typedef typename cu_acc<T>::type A;
   __shared__ double shs[32];
+  const A sc = (A)scd;
   const T *yp = y + blockIdx.x * n, *gp = g + blockIdx.x * n;
   T *dp = dx + blockIdx.x * n;
+  const int64_t live = causal_t ? (int64_t)blockIdx.x % causal_t + 1 : n;
   double acc = 0;
-  for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+  for (int64_t k = threadIdx.x; k < live; k += blockDim.x)
     acc += logmode ? (double)cu_ld(gp + k) : (double)(cu_ld(gp + k) * cu_ld(yp + k));
   A sv = (A)cu_block_sum(acc, shs);
   for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
     A yv = cu_ld(yp + k), gv = cu_ld(gp + k);
-    cu_sv(dp + k, logmode ? gv - (A)exp(yv) * sv : yv * (gv - sv));
+    cu_sv(dp + k, k < live ? (logmode ? gv - (A)exp(yv) * sv : yv * (gv - sv)) * sc : (A)0);
   }
 }
 
 template <class T>
 __global__ void softmax_bw_cols_kernel(const T *y, const T *g, T *dx, int64_t outer, int64_t n,
-                                       int64_t s, bool logmode) {
+                                       int64_t s, bool logmode, double scd) {
   typedef typename cu_acc<T>::type A;
+  const A sc = (A)scd;
   int64_t cols = outer * s;
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols;
        c += (int64_t)gridDim.x * blockDim.x) {
@@ -416,36 +430,44 @@ __global__ void softmax_bw_cols_kernel(const T *y, const T *g, T *dx, int64_t ou
     for (int64_t k = 0; k < n; k++) {
       int64_t o = base + k * s;
       A yv = cu_ld(y + o), gv = cu_ld(g + o);
-      cu_sv(dx + o, logmode ? gv - (A)exp(yv) * sv : yv * (gv - sv));
+      cu_sv(dx + o, (logmode ? gv - (A)exp(yv) * sv : yv * (gv - sv)) * sc);
     }
   }
 }
 
-static int softmax_run(rm_ctx *ctx, rm_tensor *xt, rm_tensor *yt, int64_t dim, bool logmode) {
+/* The scale (0, unset, is 1) and a causal call's T (else 0) of the softmax attrs. */
+static double softmax_scale(const rm_attrs *a) { return a->softmax.scale != 0 ? a->softmax.scale : 1.0; }
+static int64_t softmax_causal_t(const rm_attrs *a, const rm_tensor *t) {
+  return a->softmax.causal && t->ndim ? t->shape[t->ndim - 1] : 0;
+}
+
+static int softmax_run(rm_ctx *ctx, rm_tensor *xt, rm_tensor *yt, const rm_attrs *a, bool logmode) {
   int64_t outer, n, s;
-  split3(xt, red_dim(xt, dim), &outer, &n, &s);
+  split3(xt, red_dim(xt, a->softmax.dim), &outer, &n, &s);
   if (outer * n * s == 0) return RM_OK;
   void *scratch = NULL;
   const void *x = cu_contig_data(ctx, xt, &scratch);
   if (!x) return ctx->err_code;
   cudaStream_t st = cu_st(ctx)->stream;
+  double sc = softmax_scale(a);
+  int64_t ct = softmax_causal_t(a, xt);
   CU_DISPATCH(ctx, logmode ? "log_softmax" : "softmax", xt->dtype, {
     if (s == 1)
       softmax_rows_kernel<T><<<(unsigned)outer, cu_row_threads(n, 512), 0, st>>>(
-          (const T *)x, (T *)cu_ptr(yt), n, logmode);
+          (const T *)x, (T *)cu_ptr(yt), n, logmode, sc, ct);
     else
       softmax_cols_kernel<T><<<cu_blocks(outer * s), CU_THREADS, 0, st>>>(
-          (const T *)x, (T *)cu_ptr(yt), outer, n, s, logmode);
+          (const T *)x, (T *)cu_ptr(yt), outer, n, s, logmode, sc);
   });
   int rc = CU_LAUNCHED(ctx, "softmax kernel");
   if (scratch) cu_scratch_free(ctx, scratch, (size_t)cu_numel(xt) * cu_dsize(xt->dtype));
   return rc;
 }
 
-static int softmax_bw_run(rm_ctx *ctx, rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, int64_t dim,
+static int softmax_bw_run(rm_ctx *ctx, rm_tensor *yt, rm_tensor *gt, rm_tensor *dt, const rm_attrs *a,
                           bool logmode) {
   int64_t outer, n, s;
-  split3(yt, red_dim(yt, dim), &outer, &n, &s);
+  split3(yt, red_dim(yt, a->softmax.dim), &outer, &n, &s);
   if (outer * n * s == 0) return RM_OK;
   void *s1 = NULL, *s2 = NULL;
   const void *y = cu_contig_data(ctx, yt, &s1);
@@ -453,14 +475,16 @@ static int softmax_bw_run(rm_ctx *ctx, rm_tensor *yt, rm_tensor *gt, rm_tensor *
   int rc = RM_OK;
   if (!g) rc = ctx->err_code;
   cudaStream_t st = cu_st(ctx)->stream;
+  double sc = softmax_scale(a);
+  int64_t ct = softmax_causal_t(a, yt);
   if (!rc) {
     CU_DISPATCH(ctx, logmode ? "log_softmax_backward" : "softmax_backward", yt->dtype, {
       if (s == 1)
         softmax_bw_rows_kernel<T><<<(unsigned)outer, cu_row_threads(n, 512), 0, st>>>(
-            (const T *)y, (const T *)g, (T *)cu_ptr(dt), n, logmode);
+            (const T *)y, (const T *)g, (T *)cu_ptr(dt), n, logmode, sc, ct);
       else
         softmax_bw_cols_kernel<T><<<cu_blocks(outer * s), CU_THREADS, 0, st>>>(
-            (const T *)y, (const T *)g, (T *)cu_ptr(dt), outer, n, s, logmode);
+            (const T *)y, (const T *)g, (T *)cu_ptr(dt), outer, n, s, logmode, sc);
     });
     rc = CU_LAUNCHED(ctx, "softmax backward kernel");
   }
@@ -471,17 +495,17 @@ static int softmax_bw_run(rm_ctx *ctx, rm_tensor *yt, rm_tensor *gt, rm_tensor *
 }
 
 RM_CUDA_KERNEL(softmax) {
-  return softmax_run(ctx, in[0], out[0], a->axis.dim, false);
+  return softmax_run(ctx, in[0], out[0], a, false);
 }
 
 RM_CUDA_KERNEL(log_softmax) {
-  return softmax_run(ctx, in[0], out[0], a->axis.dim, true);
+  return softmax_run(ctx, in[0], out[0], a, true);
 }
 
 RM_CUDA_KERNEL(softmax_backward) {
-  return softmax_bw_run(ctx, in[0], in[1], out[0], a->axis.dim, false);
+  return softmax_bw_run(ctx, in[0], in[1], out[0], a, false);
 }
 
 RM_CUDA_KERNEL(log_softmax_backward) {
-  return softmax_bw_run(ctx, in[0], in[1], out[0], a->axis.dim, true);
+  return softmax_bw_run(ctx, in[0], in[1], out[0], a, true);
 }

@@ -114,7 +114,7 @@ PlanReport.__tostring = function(r)
   for _, l in ipairs(r.layers) do
     if l.selective and #l.recomputes > 0 then
       lines[#lines + 1] = "  a selective layer rebuilds what it drops from the nearest tensors it keeps, each op once"
-      lines[#lines + 1] = "  (a dropped softmax replays its scores' ops too: attention's q.k^T, scale and mask)"
+      lines[#lines + 1] = "  (a dropped softmax replays its scores' op too: attention's q.k^T)"
       break
     end
   end

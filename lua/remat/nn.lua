@@ -21,8 +21,8 @@ nn.is_module = is_module
 -- nn.TransformerBlock(d, heads [, dropout]), nn.Residual(m).
 -- CausalSelfAttention and TransformerBlock take a 5th argument {fused = true|false}:
 -- true runs the fused "attention" op (no T x T matrix kept; needs dropout 0), false the
--- composed ops (matmul, causal_mask, softmax, ...); unset: fused, or composed while
--- training with dropout.
+-- composed ops (matmul, softmax with its scale and causal mask, dropout, matmul); unset:
+-- fused, or composed while training with dropout.
 for _, kind in ipairs { "Linear", "Embedding", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU",
                         "Dropout", "Softmax", "CausalSelfAttention", "MLP", "TransformerBlock",
                         "Residual" } do

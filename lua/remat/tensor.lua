@@ -541,13 +541,31 @@ end
 
 function Tensor:argmax(dim, keepdim) return op(O.argmax, reduce_attrs("argmax", self, dim, keepdim), self) end
 
--- softmax(dim) / log_softmax(dim); dim defaults to the last one.
-function Tensor:softmax(dim)
-  return op(O.softmax, { dim = dim == nil and -1 or cdim("softmax", dim, #info(self)) }, self)
+-- softmax([dim [, {scale = s, causal = true}]]) / log_softmax(...): over dim (default
+-- the last) of s * x. causal: x holds (..., T, T) scores and row i sees columns j <= i
+-- (the others give 0, or -inf in log_softmax), as if they held -inf; one pass over x.
+local function softmax_attrs(fn, self, dim, opts)
+  local a = { dim = dim == nil and -1 or cdim(fn, dim, #info(self)) }
+  if opts == nil then return a end
+  if type(opts) ~= "table" then fail(("%s: options must be a table {scale =, causal =}, got %s"):format(fn, type(opts))) end
+  for k in pairs(opts) do
+    if k ~= "scale" and k ~= "causal" then fail(("%s: unknown option '%s' (it takes scale and causal)"):format(fn, tostring(k))) end
+  end
+  local s = opts.scale
+  if s ~= nil then
+    if type(s) ~= "number" or s ~= s or s == 0 or s == math.huge or s == -math.huge then
+      fail(("%s: scale must be a finite nonzero number, got %s"):format(fn, tostring(s)))
+    end
+    a.scale = s
+  end
+  if opts.causal ~= nil then
+    if type(opts.causal) ~= "boolean" then fail(("%s: causal must be a boolean, got %s"):format(fn, type(opts.causal))) end
+    a.causal = opts.causal
+  end
+  return a
 end
-function Tensor:log_softmax(dim)
-  return op(O.log_softmax, { dim = dim == nil and -1 or cdim("log_softmax", dim, #info(self)) }, self)
-end
+function Tensor:softmax(dim, opts) return op(O.softmax, softmax_attrs("softmax", self, dim, opts), self) end
+function Tensor:log_softmax(dim, opts) return op(O.log_softmax, softmax_attrs("log_softmax", self, dim, opts), self) end
 
 -- Comparisons give 1 (true) or 0 (false) in the tensors' dtype (an integer tensor
 -- against a float one: in the float dtype, see promote).

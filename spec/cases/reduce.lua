@@ -289,6 +289,53 @@ return function(K)
           if j > b then assert(g == (log and -inf or 0), ("row %d col %d: %s"):format(b + 1, j + 1, g)) end
         end end
       end,
+      -- scale and causal: softmax of scale * x with row i of each (T, T) seeing columns
+      -- j <= i, against the reference on the masked, scaled values; on the CPU also
+      -- bit for bit against the three ops it replaces (mul_scalar, causal_mask, softmax)
+      ["scale and causal against the reference and the composed ops, T = 1 .. 256"] = function()
+        for _, T in ipairs({ 1, 2, 7, 33, 256 }) do
+          for _, sc in ipairs({ 0.125, 1, -0.7 }) do
+            local shape = { 2, T, T }
+            local t, v = rand(shape, -4, 4)
+            local w = {}
+            for k = 0, 2 * T * T - 1 do
+              local i, j = (k // T) % T, k % T
+              w[k + 1] = j <= i and v[k + 1] * sc or -inf
+            end
+            local got = op(name, { dim = -1, scale = sc, causal = true }, t)
+            K.check(got, softmax_ref(w, shape, 2, log), shape, nil, ("%s T %d scale %g"):format(name, T, sc))
+            if K.device == "cpu" then
+              local composed = op(name, { dim = -1 }, op("causal_mask", nil, op("mul_scalar", { value = sc }, t)))
+              local a, b = C.flat(got), C.flat(composed)
+              for k = 1, #a do
+                assert(a[k] == b[k], ("%s T %d scale %g: element %d is %s, composed ops give %s"):format(name, T, sc, k, a[k], b[k]))
+              end
+            end
+          end
+        end
+      end,
+      ["scale alone over a middle (strided) dim and over the last; NaN in a masked entry is not read"] = function()
+        local shape = { 3, 4, 5 }
+        local t, v = rand(shape, -3, 3)
+        for _, d in ipairs({ 1, 2 }) do
+          local w = {}
+          for k = 1, #v do w[k] = v[k] * 2.5 end
+          K.check(op(name, { dim = d, scale = 2.5 }, t), softmax_ref(w, shape, d, log), shape, nil, name .. " scaled dim " .. d)
+        end
+        local x = { 1, nan, nan, 2, 3, nan, 4, 5, 6 }
+        local got = C.flat(op(name, { dim = 1, causal = true }, K.tensor(x, { 3, 3 })))
+        for k = 1, 9 do assert(got[k] == got[k], ("element %d is nan: masked NaNs must not be read"):format(k)) end
+        local y = { nan, 1, 2, 3, 4, 5, 6, 7, 8 }  -- NaN on the diagonal: row 1 is NaN, the rest is not
+        got = C.flat(op(name, { dim = 1, causal = true }, K.tensor(y, { 3, 3 })))
+        assert(got[1] ~= got[1] and got[4] == got[4] and got[9] == got[9], "a live NaN poisons its row only")
+      end,
+      ["causal needs (..., T, T) and the last dim; scale must be finite"] = function()
+        raises("must be (..., T, T)", op, name, { dim = -1, causal = true }, (rand({ 3, 4 })))
+        raises("must be (..., T, T)", op, name, { dim = -1, causal = true }, (rand({ 4 })))
+        raises("over the last dim, not dim 0", op, name, { dim = 0, causal = true }, (rand({ 4, 4 })))
+        raises("scale must be a finite number", op, name, { dim = -1, scale = inf }, (rand({ 2, 2 })))
+        raises("scale must be a finite number", op, name, { dim = -1, scale = nan }, (rand({ 2, 2 })))
+      end,
       ["non-contiguous input, empty tensors"] = function()
         local t, v = noncontig({ 4, 5 })
         run(t, v, { 4, 5 }, { 0, 1 })
@@ -368,6 +415,32 @@ return function(K)
             for j = 2 * T + 1, 4 * T do assert(flat[j] == flat[j], ("T %d: element %d is nan"):format(T, j)) end
             local yv = C.flat(K.device == "cpu" and y or C.to_device(y, "cpu"))
             K.check(got, softmax_bw_ref(yv, gv, { 4, T }, 1, log), { 4, T })
+          end
+        end,
+        -- with the forward's scale and causal mask: scale times the formula over each
+        -- row's live entries; the masked entries' dx is 0 and their g is not read
+        ["scale and causal: scale x the formula over the live entries, 0 where masked"] = function()
+          for _, T in ipairs({ 5, 33 }) do
+            local shape, sc = { 2, T, T }, -0.6
+            local attrs = { dim = -1, scale = sc, causal = true }
+            local y = op(log and "log_softmax" or "softmax", attrs, (rand(shape, -3, 3)))
+            local g, gv = rand(shape)
+            gv = table.move(gv, 1, #gv, 1, {})
+            gv[T] = nan   -- row 1's masked column: not read
+            g = K.tensor(gv, shape)
+            local yv = C.flat(K.device == "cpu" and y or C.to_device(y, "cpu"))
+            local e = {}
+            for r = 0, 2 * T - 1 do
+              local i, sum = r % T, 0
+              for j = 0, i do local k = r * T + j + 1; sum = sum + (log and gv[k] or gv[k] * yv[k]) end
+              for j = 0, T - 1 do
+                local k = r * T + j + 1
+                if j > i then e[k] = 0
+                elseif log then e[k] = sc * (gv[k] - math.exp(yv[k]) * sum)
+                else e[k] = sc * yv[k] * (gv[k] - sum) end
+              end
+            end
+            K.check(op(name, attrs, y, g), e, shape, nil, ("%s T %d"):format(name, T))
           end
         end,
         ["shape mismatch is an error"] = function()
@@ -457,6 +530,12 @@ return function(K)
       grad = {
         ["3x4 over dim 1"] = function() gc(function(x) return op("softmax", { dim = 1 }, x) end, { { shape = { 3, 4 } } }) end,
         ["2x3x4 over the middle dim"] = function() gc(function(x) return op("softmax", { dim = 1 }, x) end, { { shape = { 2, 3, 4 } } }) end,
+        ["scaled, causal 2x5x5"] = function()
+          gc(function(x) return op("softmax", { dim = -1, scale = -0.8, causal = true }, x) end, { { shape = { 2, 5, 5 } } })
+        end,
+        ["scaled over the middle dim"] = function()
+          gc(function(x) return op("softmax", { dim = 1, scale = 1.7 }, x) end, { { shape = { 2, 3, 4 } } })
+        end,
       },
     },
     log_softmax = {
@@ -464,6 +543,12 @@ return function(K)
       grad = {
         ["3x4 over dim 1"] = function() gc(function(x) return op("log_softmax", { dim = 1 }, x) end, { { shape = { 3, 4 } } }) end,
         ["2x3x4 over dim 0"] = function() gc(function(x) return op("log_softmax", { dim = 0 }, x) end, { { shape = { 2, 3, 4 } } }) end,
+        -- the masked outputs are -inf: zeroed (causal_mask's backward form) before the check
+        ["scaled, causal 2x5x5"] = function()
+          gc(function(x)
+            return op("causal_mask", { zeros = true }, op("log_softmax", { dim = -1, scale = 0.6, causal = true }, x))
+          end, { { shape = { 2, 5, 5 } } })
+        end,
       },
     },
     softmax_backward = softmax_bw_cases("softmax_backward", false),
