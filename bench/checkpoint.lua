@@ -209,7 +209,8 @@ local function measure(task, list, rounds)
   C.opcost_learn(false)
   for _, e in ipairs(list) do
     e.alone_rec_s = e.plan.recompute_cost -- priced by op calls timed alone, at planning
-    e.pred_rec_s = plan_of(task, nil, e.model).recompute_cost -- priced by the learned costs
+    local pr = plan_of(task, nil, e.model) -- priced by the learned costs
+    e.pred_rec_s, e.pred_step_s = pr.recompute_cost, pr.step_cost
   end
   for _, e in ipairs(list) do
     e.time, e.fwd, e.ratio, e.over = median(e.steps), median(e.fwds), median(e.ratios), median(e.overs)
@@ -224,7 +225,7 @@ local function measure(task, list, rounds)
   collectgarbage()
   for _, e in ipairs(list) do
     e.mem_ratio = e.peak / list[1].peak
-    e.pred_time = list[1].time + e.pred_rec_s
+    e.pred_time = list[1].time + e.pred_step_s
   end
   return { step_flops = base_plan.flops }
 end
@@ -391,14 +392,16 @@ for _, res in ipairs(results) do
   out("== %s (%d layers in the Sequential): none() step %.3f s (fwd %.3f s)", task.name, task.n, list[1].time, list[1].fwd)
   out("   rec ms: predicted replay time, per-op costs learned in these rounds; alone: as planned (ops timed alone);")
   out("   meas: the replays' measured time in a step (per-op timers, median over rounds)")
-  out("   pred x: none()'s step + rec ms, over none()'s step; err: time x (median of per-round ratios) vs pred x")
-  out("%-40s %7s %7s %11s %8s %7s %8s %7s %7s %7s %7s %7s %6s | %7s %7s", "policy", "step s", "time x", "q25-q75",
-    "peak MiB", "mem x", "pred MiB", "pred/ms", "rec ms", "meas", "alone", "pred x", "err", "torch t", "torch m")
+  out("   credit: what backward saves reading hot what the replays made (the cost model's cache credit, remat plan)")
+  out("   pred x: none()'s step + rec ms - credit, over none()'s step; err: time x (median of per-round ratios) vs pred x")
+  out("%-40s %7s %7s %11s %8s %7s %8s %7s %7s %7s %7s %7s %7s %6s | %7s %7s", "policy", "step s", "time x", "q25-q75",
+    "peak MiB", "mem x", "pred MiB", "pred/ms", "rec ms", "credit", "meas", "alone", "pred x", "err", "torch t", "torch m")
   for _, e in ipairs(list) do
     local err = e.ratio / (e.pred_time / list[1].time) - 1
-    out("%-40s %7.3f %6.3fx %5.2f-%5.2f %8.2f %6.3fx %8.2f %7.3f %7.2f %7.2f %7.2f %6.3fx %+5.1f%% | %s", e.label:sub(1, 40),
+    out("%-40s %7.3f %6.3fx %5.2f-%5.2f %8.2f %6.3fx %8.2f %7.3f %7.2f %7.2f %7.2f %7.2f %6.3fx %+5.1f%% | %s", e.label:sub(1, 40),
       e.time, e.ratio, e.q25, e.q75, e.peak / MiB, e.mem_ratio, e.plan.predicted_peak / MiB, e.plan.predicted_peak / e.peak,
-      e.pred_rec_s * 1e3, e.rep * 1e3, e.alone_rec_s * 1e3, e.pred_time / list[1].time, 100 * err, torch_cols(mk, e))
+      e.pred_rec_s * 1e3, (e.pred_rec_s - e.pred_step_s) * 1e3, e.rep * 1e3, e.alone_rec_s * 1e3, e.pred_time / list[1].time,
+      100 * err, torch_cols(mk, e))
     if e.peak ~= e.peak_min then out("    (peak varied between steps: %d .. %d bytes)", e.peak_min, e.peak) end
     if e.budget and e.peak > e.budget then out("    (peak over its budget of %d bytes)", e.budget) end
   end

@@ -53,6 +53,10 @@ typedef struct rm_backend {
    * borrow (attention's score blocks: 256 MiB on CUDA). in[] as the kernel would get
    * them. NULL, or 0 for an op: nothing predicted. */
   size_t (*workspace)(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a);
+  /* Seconds per byte that data costs more from memory than from cache, measured on the
+   * scratch block buf (bytes long, the working set in question): written and read back
+   * (*roundtrip), and read (*read). NULL where not measured (the credit is then 0). */
+  int (*memory_rates)(rm_ctx *ctx, void *buf, size_t bytes, double *roundtrip, double *read);
   bool supports_dtype[RM_DTYPE_COUNT];
   /* The ops whose kernels take int32/int64 data (inputs other than index inputs, and
    * outputs other than index outputs: rm_op_def.index_in/index_out); every other op

@@ -26,6 +26,7 @@
  * the state after deciding layers 0..k-1 is (P, cost, whether they end in a segment),
  * and only Pareto-optimal states are carried forward: one with no more memory and no
  * more cost (or peak, when minimising the peak) is never worse, so the DP is exact. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +51,7 @@ void rm_chain_from_sims(const rm_sim *keep, const rm_sim *sel, rm_chain_layer *o
     c->in_kept = k == 0 ? 0 : (double)keep->layers[k - 1].out_live;
     c->out_bytes = (double)K->out_bytes;
     c->cost = K->cost;
+    c->param_bytes = (double)K->param_bytes;
     c->last_cost = -1;
     c->sel_saved = c->keep_saved;
     c->sel_bwd = c->keep_bwd;
@@ -69,6 +71,70 @@ void rm_chain_from_sims(const rm_sim *keep, const rm_sim *sel, rm_chain_layer *o
   chain->n = n;
   chain->held = (double)keep->held;
   chain->loss_peak = (double)keep->loss_peak;
+  chain->credit = (rm_credit){ 0 };
+}
+
+/* ---- the cache credit (opcost.h) ---- */
+
+static double less_credit(double cost, double credit) { return cost > credit ? cost - credit : 0; }
+
+/* Seconds of credit for act activation bytes and par parameter bytes one replay makes
+ * or reads for the backward after it: the share of them that comes back hot is what the
+ * memory probe measured for a working set of their size (log-linear between sizes). */
+static double credit_of(rm_credit cr, double act, double par) {
+  double r = act + par, full = cr.act * act + cr.param * par;
+  if (full <= 0) return 0;
+  double x = log2(r > 1 ? r : 1) - 20;   /* position among the probed sizes (2^20 = 1 MiB) */
+  double cold;
+  if (x <= 0) cold = cr.cold[0];
+  else if (x >= RM_CREDIT_SIZES - 1) cold = cr.cold[RM_CREDIT_SIZES - 1];
+  else {
+    int i = (int)x;
+    cold = cr.cold[i] + (x - i) * (cr.cold[i + 1] - cr.cold[i]);
+  }
+  return full * (1 - cold);
+}
+
+void rm_chain_credit(rm_chain *chain, rm_chain_layer *c, const rm_sim *keep, rm_credit cr) {
+  chain->credit = cr;
+  for (int k = 0; k < chain->n; k++) {
+    const rm_layer_stats *K = &keep->layers[k];
+    if (c[k].sel_cost >= 0)
+      c[k].sel_cost = less_credit(c[k].sel_cost, credit_of(cr, (double)K->saved - c[k].sel_saved, 0));
+  }
+}
+
+double rm_plan_step_cost(const rm_sim *sim, const rm_sim *keep, const rm_plan *p, rm_credit cr) {
+  double t = 0;
+  int n = sim->n < keep->n ? sim->n : keep->n;
+  if (p->n < n) n = p->n;
+  for (int k = 0; k < n;) {
+    const rm_layer_stats *L = &sim->layers[k], *K = &keep->layers[k];
+    if (p->action[k] == RM_KEEP || p->action[k] == RM_SELECTIVE) {
+      double act = K->saved > L->saved ? (double)(K->saved - L->saved) : 0;
+      t += less_credit(L->recompute_cost, credit_of(cr, act, 0));
+      k++;
+      continue;
+    }
+    /* a segment: a boundary (or a leading recompute) and the recomputes after it */
+    double rc = 0, act = 0, par = 0;
+    int b = k;
+    do {
+      rc += sim->layers[b].recompute_cost;
+      act += (double)keep->layers[b].saved;
+      par += (double)keep->layers[b].param_bytes;
+      b++;
+    } while (b < n && p->action[b] == RM_RECOMPUTE);
+    t += less_credit(rc, credit_of(cr, act, par));
+    k = b;
+  }
+  return t;
+}
+
+size_t rm_credit_working_set(const rm_sim *keep) {
+  size_t ws = keep->peak > keep->base ? keep->peak - keep->base : 0;
+  for (int k = 0; k < keep->n; k++) ws += keep->layers[k].param_bytes;
+  return ws;
 }
 
 /* ---- transitions (shared by the evaluation and the DP) ---- */
@@ -91,7 +157,8 @@ typedef struct seg_walk {
   double replay;  /* max over j of the replay terms without the output gradient */
   double S;       /* saved sets of a..b */
   double full;    /* forward cost of a..b */
-  double cost;    /* replay cost of the segment a..b */
+  double cost;    /* replay cost of the segment a..b, less its cache credit */
+  double act, par; /* bytes its replay makes for backward, parameters it reads */
 } seg_walk;
 
 static void seg_begin(const rm_chain *c, int a, double P, bool seg, seg_walk *w) {
@@ -99,7 +166,7 @@ static void seg_begin(const rm_chain *c, int a, double P, bool seg, seg_walk *w)
   double counted = a == 0 || seg ? 0 : l->in_kept;
   w->P0 = a == 0 ? P : P - counted + l->in_bytes;
   w->first = w->replay = -1;
-  w->S = w->full = w->cost = 0;
+  w->S = w->full = w->cost = w->act = w->par = 0;
 }
 
 /* Adds layer b; returns the segment's peak and P after it. */
@@ -111,7 +178,9 @@ static double seg_extend(const rm_chain *c, int a, int b, seg_walk *w, double *P
   w->replay = dmax(w->replay, w->P0 + c->held + w->S + x_replay + l->fwd);
   w->S += l->keep_saved;
   w->first = dmax(w->first, w->P0 + c->held + w->S + l->keep_bwd);
-  w->cost = w->full + (l->last_cost >= 0 ? l->last_cost : l->cost);
+  w->act += l->keep_saved;
+  w->par += l->param_bytes;
+  w->cost = less_credit(w->full + (l->last_cost >= 0 ? l->last_cost : l->cost), credit_of(c->credit, w->act, w->par));
   w->full += l->cost;
   *P_after = w->P0 + (b == c->n - 1 ? l->out_bytes : 0);
   return dmax(w->first, w->replay + l->out_bytes);

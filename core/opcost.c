@@ -1,4 +1,6 @@
 /* Per-op costs measured on the device, and per-op timers (see opcost.h). */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -31,8 +33,13 @@ typedef struct entry {
   geom in[MAX_IN];
 } entry;
 
+#define CREDIT_MIN_LOG2 20  /* the cache credit's working sets: 1 MiB ... */
+#define CREDIT_BUCKETS RM_CREDIT_SIZES  /* ... 64 MiB (larger ones are priced at 64 MiB) */
+
 typedef struct rm_opcost {
   entry *e;             /* open addressing, cap a power of two */
+  rm_credit rates[RM_DEVICE_COUNT][CREDIT_BUCKETS];  /* the probes, per working-set size */
+  bool rates_known[RM_DEVICE_COUNT];
   size_t n, cap;
   int pending;
   rm_op_timing timing;
@@ -259,6 +266,60 @@ int rm_opcost_calibrate(rm_ctx *ctx) {
   return RM_OK;
 }
 
+/* Measures the rates for working sets of 2^(MIN_LOG2 + b) bytes, b < nb, into c's table
+ * (scratch blocks outside the user's limit, peaks restored, as calibrate does; a size
+ * that cannot be had measures 0). */
+static void probe_rates(rm_ctx *ctx, rm_opcost *c, const rm_backend *be, rm_device dev) {
+  char err[sizeof ctx->err];
+  int err_code = ctx->err_code;
+  memcpy(err, ctx->err, sizeof err);
+  rm_memstats mem = ctx->mem[dev];
+  ctx->mem[dev].limit = 0;
+  rm_scope sc;
+  rm_scope_enter(ctx, &sc, RM_CAT_WORKSPACE, RM_GRAD_OFF);
+  for (int b = 0; b < CREDIT_BUCKETS; b++) {
+    int64_t n = (int64_t)(((size_t)1 << (CREDIT_MIN_LOG2 + b)) / sizeof(float));
+    rm_tensor *buf = rm_tensor_new(ctx, RM_F32, dev, 1, &n, RM_CAT_WORKSPACE);
+    double rt = 0, rd = 0;
+    if (!buf || be->memory_rates(ctx, rm_tensor_ptr(buf), rm_tensor_nbytes(buf), &rt, &rd) != RM_OK) rt = rd = 0;
+    rm_clear_error(ctx);
+    rm_tensor_drop(ctx, buf);
+    c->rates[dev][b] = (rm_credit){ .act = rt, .param = rd };
+  }
+  rm_scope_leave(ctx, &sc);
+  for (int q = 0; q < RM_CAT_COUNT; q++) {
+    ctx->mem[dev].peak[q] = mem.peak[q];
+    ctx->mem[dev].peak_live[q] = mem.peak_live[q];
+  }
+  ctx->mem[dev].peak_total = mem.peak_total;
+  ctx->mem[dev].limit = mem.limit;
+  memcpy(ctx->err, err, sizeof err);
+  ctx->err_code = err_code;
+  c->rates_known[dev] = true;
+}
+
+int rm_opcost_cache_credit(rm_ctx *ctx, rm_device dev, size_t working_set, rm_credit *out) {
+  *out = (rm_credit){ 0 };
+  rm_opcost *c = get(ctx);
+  const rm_backend *be = (unsigned)dev < RM_DEVICE_COUNT ? ctx->backend[dev] : NULL;
+  if (!c) return rm_fail(ctx, RM_ERR_OOM, "opcost: out of host memory");
+  if (!be || !be->memory_rates || ctx->opcost_off) return RM_OK;
+  if (!c->rates_known[dev]) {
+    if (ctx->dry) return rm_fail(ctx, RM_ERR_STATE, "opcost: cache credit measured inside a dry run");
+    probe_rates(ctx, c, be, dev);
+  }
+  const rm_credit *r = c->rates[dev];
+  int b = 0;
+  while (b < CREDIT_BUCKETS - 1 && ((size_t)1 << (CREDIT_MIN_LOG2 + b)) < working_set) b++;
+  *out = r[b];
+  double top = r[CREDIT_BUCKETS - 1].act;
+  for (int k = 0; k < CREDIT_BUCKETS; k++) {
+    double f = top > 0 ? r[k].act / top : 1;
+    out->cold[k] = k == CREDIT_BUCKETS - 1 ? 1 : f < 0 ? 0 : f > 1 ? 1 : f;
+  }
+  return RM_OK;
+}
+
 void rm_opcost_each(const rm_ctx *ctx, void (*f)(rm_op_id op, double seconds, double units, void *ud), void *ud) {
   const rm_opcost *c = ctx->opcost;
   for (size_t i = 0; c && i < c->cap; i++)
@@ -275,6 +336,7 @@ void rm_opcost_reset(rm_ctx *ctx) {
   c->e = NULL;
   c->n = c->cap = 0;
   c->pending = 0;
+  memset(c->rates_known, 0, sizeof c->rates_known);
 }
 
 void rm_opcost_free(rm_ctx *ctx) {

@@ -39,6 +39,23 @@ bool rm_opcost_enabled(const rm_ctx *ctx);
  * first runs (not replays) inside the real steps that follow: per-op rates in place,
  * caches and load as the steps see them. Turning it on forgets what was learned. */
 void rm_opcost_learn(rm_ctx *ctx, bool on);
+/* The cache credit: seconds per byte a step saves when backward reads a byte straight
+ * after a replay made it (or read it: a parameter), from cache, where keeping it from
+ * forward would have it come from memory: act for activations (written in forward and
+ * read back), param for parameters (read). Both are 0 when the step's working set fits
+ * the caches. */
+#define RM_CREDIT_SIZES 7   /* working sets of 1, 2, 4, ... 64 MiB */
+typedef struct rm_credit {
+  double act, param;
+  /* the share of those rates a working set of 2^(20 + i) bytes pays (the rest comes back
+   * from cache): a replay of that many bytes gets the credit for 1 - this of them */
+  double cold[RM_CREDIT_SIZES];
+} rm_credit;
+/* The credit on dev for a working set of that many bytes (activations kept from forward
+ * plus parameters): the backend's memory_rates on scratch blocks of 1, 2, ... 64 MiB
+ * (larger sets are priced at 64 MiB), measured at first use (about 0.1 s on the CPU) and
+ * cached. Outside dry runs only; 0 where the backend does not measure. */
+int rm_opcost_cache_credit(rm_ctx *ctx, rm_device dev, size_t working_set, rm_credit *out);
 /* Forgets every measurement (the device's speed changed: other kernels, other load). */
 void rm_opcost_reset(rm_ctx *ctx);
 void rm_opcost_free(rm_ctx *ctx);

@@ -9,6 +9,7 @@
 #define REMAT_PLAN_H
 
 #include "module.h"
+#include "opcost.h"
 
 typedef enum { RM_KEEP = 0, RM_SELECTIVE, RM_BOUNDARY, RM_RECOMPUTE, RM_ACTION_COUNT } rm_action;
 
@@ -93,6 +94,7 @@ typedef struct rm_chain_layer {
   double last_cost;             /* replay cost when it ends a segment: only what its own
                                  * backward reads (every(1)'s; < 0: cost) */
   double sel_cost;              /* replay cost under selective (< 0: not available) */
+  double param_bytes;           /* its parameters (the cache credit of its replay) */
 } rm_chain_layer;
 
 typedef struct rm_chain {
@@ -100,11 +102,25 @@ typedef struct rm_chain {
   int n;
   double held;       /* live for the whole backward besides the layers' (the loss' leftovers) */
   double loss_peak;  /* peak of the loss above what the forward left */
+  rm_credit credit;  /* the cache credit (zero: costs are replay time alone) */
 } rm_chain;
 
 /* The chain of a Sequential from dry runs under keep-everything and all-selective
  * (sel may be NULL: no selective layers). out: n entries. */
 void rm_chain_from_sims(const rm_sim *keep, const rm_sim *sel, rm_chain_layer *out, rm_chain *chain);
+/* Gives the chain the cache credit (keep: the keep-everything dry run it was built
+ * from), so that its costs become the step time a plan adds: a replay's time less what
+ * the backward after it saves by reading hot what it made (cr.act x the bytes no longer
+ * kept from forward) and the weights it read (cr.param x the parameters of a layer
+ * replayed whole), for the share of them that a working set of that size keeps in
+ * cache (cr.cold): a long segment's replay outgrows the cache. Never below 0. */
+void rm_chain_credit(rm_chain *chain, rm_chain_layer *c, const rm_sim *keep, rm_credit cr);
+/* The step time plan p adds over keeping everything, by the same rule, from its dry run
+ * sim and keep's (both with layers). */
+double rm_plan_step_cost(const rm_sim *sim, const rm_sim *keep, const rm_plan *p, rm_credit cr);
+/* The working set a step's cache credit is measured for: what keep-everything holds
+ * from forward to backward (activations) plus the parameters. */
+size_t rm_credit_working_set(const rm_sim *keep);
 /* Peak memory and recompute cost of actions[] on the chain (the DP's cost model). */
 void rm_chain_eval(const rm_chain *c, const rm_action *actions, double *peak, double *cost);
 /* The plan with the least recompute whose modelled peak is <= budget. Returns true and

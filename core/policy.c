@@ -140,8 +140,10 @@ typedef struct search {
   const rm_policy_def *def;
   rm_step_env env;
   double limit;             /* what a plan's peak must not exceed */
-  rm_plan *best;            /* fallback: the fitting plan with the least recompute */
+  rm_plan *best;            /* fallback: the fitting plan that adds the least step time */
   double best_cost, smallest;
+  const rm_sim *keep;       /* keep-everything's dry run (with layers) */
+  rm_credit credit;         /* the cache credit of the step (opcost.h) */
 } search;
 
 static int simulate(search *s, const rm_plan *p, bool layers, rm_sim *sim) {
@@ -168,21 +170,23 @@ static int room(rm_ctx *ctx, rm_device dev, double *out) {
   return RM_OK;
 }
 
-/* Simulates p (taking it); keeps it as the best when it fits with the least recompute. */
+/* Simulates p (taking it); keeps it as the best when it fits and adds the least step
+ * time (replays less the cache credit, as the DP counts them). */
 static int try_plan(search *s, rm_plan *p) {
   if (!p) return s->ctx->err_code;
   rm_sim sim;
-  int rc = simulate(s, p, false, &sim);
+  int rc = simulate(s, p, true, &sim);
   if (rc) {
     rm_plan_free(s->ctx, p);
     return rc;
   }
-  double peak = peak_of(s, &sim);
+  double peak = peak_of(s, &sim), cost = rm_plan_step_cost(&sim, s->keep, p, s->credit);
+  rm_sim_free(s->ctx, &sim);
   if (peak < s->smallest) s->smallest = peak;
-  if (peak <= s->limit && sim.recompute_cost < s->best_cost) {
+  if (peak <= s->limit && cost < s->best_cost) {
     rm_plan_free(s->ctx, s->best);
     s->best = p;
-    s->best_cost = sim.recompute_cost;
+    s->best_cost = cost;
   } else {
     rm_plan_free(s->ctx, p);
   }
@@ -292,6 +296,10 @@ static int budget_plan(search *s, rm_plan **out) {
       for (int i = 0; !rc && i < n; i++) layers[i].last_cost = last.layers[i].recompute_cost;
       rm_sim_free(ctx, &last);
       rm_plan_free(ctx, e1);
+      /* the DP's costs become step time: replays less what backward then reads hot */
+      if (!rc) rc = rm_opcost_cache_credit(ctx, s->x->device, rm_credit_working_set(&keep), &s->credit);
+      if (!rc) rm_chain_credit(&chain, layers, &keep, s->credit);
+      s->keep = &keep;
     }
     if (!rc) rc = search_plans(s, &keep, &chain, &ops, act, out);
   }

@@ -231,12 +231,27 @@ static void read_chain(lua_State *L, int idx, rm_chain *chain) {
     luaL_checktype(L, t, LUA_TTABLE);
     for (int f = 0; f < NFIELDS; f++) *chain_slot(&c[i], f) = field(L, t, chain_fields[f], f == NFIELDS - 1 ? -1 : 0);
     c[i].last_cost = field(L, t, "last_cost", -1);
+    c[i].param_bytes = field(L, t, "param_bytes", 0);
     lua_pop(L, 1);
   }
   chain->layer = c;
   chain->n = n;
   chain->held = field(L, idx, "held", 0);
   chain->loss_peak = field(L, idx, "loss_peak", 0);
+  chain->credit = (rm_credit){ 0 };
+  if (lua_getfield(L, idx, "credit") == LUA_TTABLE) {   /* { act =, param =, cold = {7 shares} } */
+    int t = lua_gettop(L);
+    chain->credit.act = field(L, t, "act", 0);
+    chain->credit.param = field(L, t, "param", 0);
+    if (lua_getfield(L, t, "cold") == LUA_TTABLE)
+      for (int i = 0; i < RM_CREDIT_SIZES; i++) {
+        lua_rawgeti(L, -1, i + 1);
+        chain->credit.cold[i] = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : 0;
+        lua_pop(L, 1);
+      }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
 }
 
 /* Reads a C.plan_simulate result (with layers) into sim (layers as userdata on the stack). */
@@ -245,6 +260,8 @@ static void read_sim(lua_State *L, int idx, rm_sim *sim) {
   memset(sim, 0, sizeof *sim);
   sim->held = (size_t)field(L, idx, "held", 0);
   sim->loss_peak = (size_t)field(L, idx, "loss_peak", 0);
+  sim->peak = (size_t)field(L, idx, "peak", 0);
+  sim->base = (size_t)field(L, idx, "base", 0);
   if (lua_getfield(L, idx, "layers") != LUA_TTABLE) luaL_error(L, "chain_from_sims: a simulation without layers");
   int t = lua_gettop(L);
   int n = (int)luaL_len(L, t);
@@ -257,7 +274,8 @@ static void read_sim(lua_State *L, int idx, rm_sim *sim) {
       .saved = (size_t)field(L, e, "saved", 0), .in_bytes = (size_t)field(L, e, "in_bytes", 0),
       .out_bytes = (size_t)field(L, e, "out_bytes", 0), .out_live = (size_t)field(L, e, "out_live", 0),
       .fwd_peak = (size_t)field(L, e, "fwd_peak", 0), .bwd_peak = (size_t)field(L, e, "bwd_peak", 0),
-      .cost = field(L, e, "cost", 0), .recompute_cost = field(L, e, "recompute_cost", 0) };
+      .cost = field(L, e, "cost", 0), .recompute_cost = field(L, e, "recompute_cost", 0),
+      .param_bytes = (size_t)field(L, e, "param_bytes", 0) };
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
@@ -341,6 +359,61 @@ static int l_chain_eval(lua_State *L) {
   lua_pushnumber(L, peak);
   lua_pushnumber(L, cost);
   return 2;
+}
+
+/* C.plan_step_cost(x, sim, keep_sim, actions) -> step time the plan adds (seconds: its
+ * replays less the cache credit, as budget() counts it), credit per activation byte,
+ * per parameter byte, the cold shares (measured on x's device at first use) */
+static int l_plan_step_cost(lua_State *L) {
+  rm_tensor *x = rm_lua_check_tensor(L, 1, "plan");
+  rm_ctx *ctx = rm_lua_ctx(L);
+  rm_sim sim, keep;
+  read_sim(L, 2, &sim);
+  read_sim(L, 3, &keep);
+  luaL_checktype(L, 4, LUA_TTABLE);
+  int n = (int)luaL_len(L, 4);
+  if (n != sim.n || n != keep.n) return rm_lua_errorf(L, "plan_step_cost: %d actions for %d and %d layers", n, sim.n, keep.n);
+  rm_action *act = lua_newuserdatauv(L, sizeof *act * (size_t)(n ? n : 1), 0);
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, 4, i + 1);
+    act[i] = check_action(L, luaL_checkstring(L, -1), i + 1);
+    lua_pop(L, 1);
+  }
+  rm_credit cr;
+  if (rm_opcost_cache_credit(ctx, x->device, rm_credit_working_set(&keep), &cr)) return rm_lua_fail(L, "plan");
+  rm_plan p = { .n = n, .action = act };
+  lua_pushnumber(L, rm_plan_step_cost(&sim, &keep, &p, cr));
+  lua_pushnumber(L, cr.act);
+  lua_pushnumber(L, cr.param);
+  lua_createtable(L, RM_CREDIT_SIZES, 0);
+  for (int i = 0; i < RM_CREDIT_SIZES; i++) {
+    lua_pushnumber(L, cr.cold[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 4;
+}
+
+/* C.cache_credit([device [, working_set]]) -> { act =, param = (seconds per byte),
+ * cold = { share paid at 1, 2, ... 64 MiB } } (measured at first use) */
+static int l_cache_credit(lua_State *L) {
+  rm_ctx *ctx = rm_lua_ctx(L);
+  const char *dev = luaL_optstring(L, 1, "cpu");
+  rm_device d = !strcmp(dev, "cpu") ? RM_CPU : !strcmp(dev, "cuda") ? RM_CUDA : RM_DEVICE_COUNT;
+  if (d == RM_DEVICE_COUNT) return rm_lua_errorf(L, "cache_credit: unknown device '%s' (cpu, cuda)", dev);
+  lua_Integer ws = luaL_optinteger(L, 2, (lua_Integer)1 << 26);
+  if (ws < 0) return rm_lua_errorf(L, "cache_credit: the working set must be >= 0 bytes, got %lld", (long long)ws);
+  rm_credit cr;
+  if (rm_opcost_cache_credit(ctx, d, (size_t)ws, &cr)) return rm_lua_fail(L, "cache_credit");
+  lua_createtable(L, 0, 3);
+  set_num(L, "act", cr.act);
+  set_num(L, "param", cr.param);
+  lua_createtable(L, RM_CREDIT_SIZES, 0);
+  for (int i = 0; i < RM_CREDIT_SIZES; i++) {
+    lua_pushnumber(L, cr.cold[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "cold");
+  return 1;
 }
 
 /* C.layer_info(seq) -> { {type=, describe=, param_bytes=}, ... } */
@@ -687,6 +760,8 @@ static const luaL_Reg fns[] = {
   { "chain_min_peak", l_chain_min_peak },
   { "chain_eval", l_chain_eval },
   { "layer_info", l_layer_info },
+  { "plan_step_cost", l_plan_step_cost },
+  { "cache_credit", l_cache_credit },
   { NULL, NULL },
 };
 

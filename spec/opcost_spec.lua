@@ -197,3 +197,84 @@ describe("per-op timers", function()
     end
   end)
 end)
+
+describe("the cache credit", function()
+  after_each(function()
+    remat.memory.limit(nil)
+    C.opcost_calibrate(true)
+  end)
+
+  it("is measured once, under any limit, and leaves the memory statistics as they were", function()
+    C.opcost_reset()
+    collectgarbage()
+    local before = remat.memory.stats()
+    remat.memory.limit(before.live + 1024 * 1024)   -- far below the probe's 64 MiB scratch
+    local limited = remat.memory.stats()
+    local cr = C.cache_credit("cpu", 64 * 1024 * 1024)
+    local after = remat.memory.stats()
+    assert.are.equal(limited.live, after.live)
+    assert.are.equal(limited.peak, after.peak)
+    assert.are.equal(limited.limit, after.limit)
+    assert.are.same(limited.peak_by_category, after.peak_by_category)
+    assert(cr.act >= 0 and cr.param >= 0, "negative rates")
+    assert.are.equal(7, #cr.cold)
+    for i = 1, 7 do assert(cr.cold[i] >= 0 and cr.cold[i] <= 1, "share " .. i .. ": " .. cr.cold[i]) end
+    assert.are.equal(1, cr.cold[7])   -- the largest probe pays the whole rate by definition
+    assert.are.same(cr, C.cache_credit("cpu", 64 * 1024 * 1024))   -- cached: the same numbers
+    assert.error_matches(function() C.cache_credit("tpu") end, "unknown device 'tpu'")
+  end)
+
+  it("is 0 when calibration is off (every cost then comes from the roofline)", function()
+    C.opcost_calibrate(false)
+    local cr = C.cache_credit("cpu", 64 * 1024 * 1024)
+    assert.are.same({ act = 0, param = 0, cold = { 0, 0, 0, 0, 0, 0, 0 } }, cr)
+    local m = block(32)
+    local r = m:plan(remat.randn(64, 32), { policy = policy.every(1) })
+    assert.are.equal(r.recompute_cost, r.step_cost)
+  end)
+
+  -- The DP's arithmetic on a hand-made chain: each layer keeps 3 MiB and holds 1 MiB of
+  -- weights, a replay costs 1 ms; the probe paid 0, 0, 1/4, 1/2, 3/4, 1, 1 of the rates
+  -- at 1 .. 64 MiB.
+  it("takes from a segment's replays the credit for the share a probe of its size keeps hot", function()
+    local MiB = 1024 * 1024
+    local function layer()
+      return { keep_saved = 3 * MiB, sel_saved = 3 * MiB, fwd = 3 * MiB, keep_bwd = MiB, sel_bwd = MiB,
+               in_bytes = MiB, in_kept = MiB, out_bytes = MiB, cost = 1e-3, sel_cost = -1, param_bytes = MiB }
+    end
+    local chain = { held = 0, loss_peak = 0, layer(), layer(),
+                    credit = { act = 1e-10, param = 5e-11, cold = { 0, 0, 0.25, 0.5, 0.75, 1, 1 } } }
+    local per_layer = 1e-10 * 3 * MiB + 5e-11 * MiB
+    -- one segment of both: 8 MiB replayed, half of it hot
+    local _, cost = C.chain_eval(chain, { "boundary", "recompute" })
+    assert.near(2e-3 - 2 * per_layer * 0.5, cost, 1e-15)
+    -- a boundary each: 4 MiB each, three quarters hot
+    _, cost = C.chain_eval(chain, { "boundary", "boundary" })
+    assert.near(2 * (1e-3 - per_layer * 0.75), cost, 1e-15)
+    -- 6 MiB: between the 4 and 8 MiB probes on a log scale
+    chain[1].keep_saved, chain[2].keep_saved = 2 * MiB, 2 * MiB
+    local cold = 0.25 + (math.log(6, 2) - 2) * 0.25
+    _, cost = C.chain_eval(chain, { "boundary", "recompute" })
+    assert.near(2e-3 - 2 * (1e-10 * 2 * MiB + 5e-11 * MiB) * (1 - cold), cost, 1e-15)
+    -- a credit larger than the replay leaves 0, never a negative cost
+    chain.credit.act = 1
+    _, cost = C.chain_eval(chain, { "boundary", "boundary" })
+    assert.are.equal(0, cost)
+    -- no credit: the replays alone
+    chain.credit = nil
+    _, cost = C.chain_eval(chain, { "boundary", "recompute" })
+    assert.are.equal(2e-3, cost)
+  end)
+
+  it("prices a plan as budget() does: the report's step time is its replays less the credit", function()
+    C.opcost_calibrate(true)
+    local m = block(256)
+    local x = remat.randn(512, 256)
+    for _, p in ipairs { policy.every(1), policy.selective { "gelu" }, policy.none() } do
+      local r = m:plan(x, { policy = p })
+      assert(r.step_cost >= 0 and r.step_cost <= r.recompute_cost, ("%s: step %g, replays %g"):format(tostring(p), r.step_cost, r.recompute_cost))
+      assert.are.same(C.cache_credit("cpu", 64 * 1024 * 1024).cold, r.credit.cold)
+    end
+    assert.are.equal(0, m:plan(x, { policy = policy.none() }).step_cost)
+  end)
+end)

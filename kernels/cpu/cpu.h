@@ -31,6 +31,7 @@ void *rm_cpu_malloc(rm_ctx *ctx, size_t n);
 void rm_cpu_free(rm_ctx *ctx, void *p, size_t n);
 size_t rm_cpu_reserved(rm_ctx *ctx);
 size_t rm_cpu_empty_cache(rm_ctx *ctx);
+int rm_cpu_memory_rates(rm_ctx *ctx, void *buf, size_t bytes, double *roundtrip, double *read);
 int rm_cpu_runtime_info(rm_ctx *ctx, rm_info *info);
 
 /* The BLAS (kernels/cpu/blas.c): opened per context at backend init. CBLAS's ABI

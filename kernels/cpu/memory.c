@@ -8,9 +8,12 @@
  * again; the cache holds at most max(256 MiB, the most bytes ever in use at once), and is
  * given back by remat.memory.empty_cache() and when the context is destroyed. Smaller blocks go
  * straight to the host allocator, which is good at them. */
+#include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu.h"
 
@@ -174,4 +177,74 @@ void rm_cpu_free(rm_ctx *ctx, void *p, size_t n) {
 size_t rm_cpu_reserved(rm_ctx *ctx) {
   cpu_state *s = state(ctx);
   return s ? s->held : 0;
+}
+
+/* ---- memory rates (the planner's cache credit, core/opcost.c) ----
+ *
+ * Each thread takes its part of buf. Cold: it writes the whole part, then reads it from
+ * the start (a part larger than the caches comes back from memory, as activations kept
+ * from forward do in backward). Hot: the same bytes go through one 128 KiB window that
+ * stays in the thread's L2, as a replay's output does for the backward right after it.
+ * The least time of 3 of each; the rates are the differences per byte (0 when the
+ * working set fits the caches). */
+#define PROBE_WINDOW ((size_t)32 << 10)   /* floats: 128 KiB */
+
+static double probe_clock(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds for every thread to write (when write) and read its part of p[0, n), through
+ * windows of w floats (w = the part: one pass over it). */
+static double probe_pass(float *p, size_t n, size_t w, bool write) {
+  double t0 = probe_clock();
+  float total = 0;
+  #pragma omp parallel reduction(+:total)
+  {
+    int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    size_t part = n / (size_t)nt;
+    float *q = p + (size_t)t * part;
+    size_t win = w < part ? w : part;
+    float acc = 0;
+    for (size_t done = 0; win && done + win <= part; done += win) {
+      float *b = w < part ? q : q + done;
+      if (write) {
+        #pragma omp simd
+        for (size_t i = 0; i < win; i++) b[i] = 1.0f;
+      }
+      #pragma omp simd reduction(+:acc)
+      for (size_t i = 0; i < win; i++) acc += b[i];
+    }
+    total += acc;
+  }
+  double t1 = probe_clock();
+  if (total < 0) p[0] = total;    /* keeps the reads */
+  return t1 - t0;
+}
+
+static double least_of_3(float *p, size_t n, size_t w, bool write, bool prime) {
+  double best = HUGE_VAL;
+  for (int r = 0; r < 3; r++) {
+    if (prime) probe_pass(p, n, n, true);   /* written, not timed: the read comes cold */
+    double t = probe_pass(p, n, w, write);
+    if (t < best) best = t;
+  }
+  return best;
+}
+
+int rm_cpu_memory_rates(rm_ctx *ctx, void *buf, size_t bytes, double *roundtrip, double *read) {
+  float *p = buf;
+  size_t n = bytes / sizeof(float);
+  *roundtrip = *read = 0;
+  if (n < 2 * PROBE_WINDOW) return RM_OK;
+  probe_pass(p, n, n, true);              /* first touch: page faults are not the point */
+  double cold_rt = least_of_3(p, n, n, true, false);
+  double hot_rt = least_of_3(p, n, PROBE_WINDOW, true, false);
+  double cold_rd = least_of_3(p, n, n, false, true);
+  double hot_rd = least_of_3(p, n, PROBE_WINDOW, false, false);
+  double b = (double)bytes;
+  *roundtrip = cold_rt > hot_rt ? (cold_rt - hot_rt) / b : 0;
+  *read = cold_rd > hot_rd ? (cold_rd - hot_rd) / b : 0;
+  return RM_OK;
 }

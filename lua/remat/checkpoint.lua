@@ -108,8 +108,15 @@ PlanReport.__tostring = function(r)
   lines[#lines + 1] = ("predicted peak activation: %s (keep everything: %s)"):format(fmt(r.predicted_peak), fmt(r.keep_peak))
   lines[#lines + 1] = ("recompute: %s (%.1f%% of the forward's %s); predicted replay time %.3f ms"):format(fmt_flops(r.recompute_flops),
     r.flops > 0 and 100 * r.recompute_flops / r.flops or 0, fmt_flops(r.flops), r.recompute_cost * 1e3)
+  local MiB = 1024 * 1024
+  lines[#lines + 1] = ("predicted step time added: %.3f ms (the replays less the cache credit)"):format(r.step_cost * 1e3)
   lines[#lines + 1] = "cost model: a replay costs the measured time of its ops on this device (each distinct op call"
   lines[#lines + 1] = ("  timed alone at first use and cached; one that cannot be is priced by FLOPs + bytes x %g);"):format(r.flops_per_byte)
+  lines[#lines + 1] = "  cache credit: the backward right after a replay reads from cache what keeping would read"
+  lines[#lines + 1] = ("  from memory: %.3f ms per MiB of activations no longer kept and %.3f per MiB of weights"):format(
+    r.credit.activation * MiB * 1e3, r.credit.param * MiB * 1e3)
+  lines[#lines + 1] = "  a replay read, for the share of a replay's bytes a working set of that size keeps in cache"
+  lines[#lines + 1] = "  (a memory probe at 1 .. 64 MiB, at first use; 0 when the step fits the caches)"
   lines[#lines + 1] = "  peaks count bytes as the engine holds them (a budget plan's equals its dry run's)"
   for _, l in ipairs(r.layers) do
     if l.selective and #l.recomputes > 0 then
@@ -193,11 +200,15 @@ function Module:plan(x, opts)
   in_policy_order(plan, p)
   local sim = C.plan_simulate(self, x, plan, opts.loss, true)
   local keep = C.plan_simulate(self, x, false, opts.loss, true)
+  local actions = {}
+  for i = 1, #plan do actions[i] = plan[i].action end
+  local step_cost, credit_act, credit_param, credit_cold = C.plan_step_cost(x, sim, keep, actions)
   local recomputes = recomputed_ops(self, x, opts.loss, plan, keep)
   local info = C.layer_info(self)
   local step_peak, step_cats = whole_step(sim, optimizer_of(self, opts.optimizer))
   local report = setmetatable({ policy = tostring(p), layers = {}, predicted_peak = sim.peak,
     recompute_flops = sim.recompute_flops, recompute_cost = sim.recompute_cost, flops_per_byte = sim.flops_per_byte,
+    step_cost = step_cost, credit = { activation = credit_act, param = credit_param, cold = credit_cold },
     flops = sim.flops, keep_peak = keep.peak, base = sim.base,
     step_peak = step_peak, step_by_category = step_cats }, PlanReport)
   for i, l in ipairs(sim.layers) do
