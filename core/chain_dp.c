@@ -20,7 +20,8 @@
  * Cost = the replay cost of selective layers and segments: a segment a..b replays the
  * forward of a..b-1 (their outputs lead to b) and, of b, what b's backward reads
  * (last_cost: a layer's final ops, whose output only its gradient needs, are not
- * replayed).
+ * replayed), less the chain's cache credit for what that replay hands its backward hot
+ * (rm_chain_credit; 0 for a chain without one).
  *
  * As in the rotor DP (Beaumont et al. 2019) the optimum is found over (layer, memory):
  * the state after deciding layers 0..k-1 is (P, cost, whether they end in a segment),
