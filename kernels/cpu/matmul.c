@@ -11,6 +11,9 @@
 
 typedef rm_blasmat blasmat;
 
+/* FLOPs below which one product of a batch runs on one thread (see matmul's kernel). */
+#define SMALL_PRODUCT (32.0 * 1024 * 1024)
+
 /* A contiguous workspace copy of t (new hold), or NULL with the ctx error set. */
 static rm_tensor *workspace_copy(rm_ctx *ctx, rm_tensor *t) {
   rm_tensor *c = rm_tensor_new(ctx, t->dtype, t->device, t->ndim, t->shape, RM_CAT_WORKSPACE);
@@ -120,14 +123,18 @@ RM_CPU_KERNEL(matmul) {
     gemm(ctx, y->dtype, A.bm, B.bm, batch * M, N, K, pa, pb, 0.0, py, N);
     goto done;
   }
-  /* A batch of products each too small to split by rows (rm_cpu_gemm): the batch is
-   * split over the threads instead, each product a single-threaded call on one thread
-   * (so every result is the same for any thread count). Left to the BLAS, a CNN's
-   * per-image products ran slower on 2 threads than on 1. Otherwise no parallel
-   * construct at all: inside even an inactive one (if false), rm_cpu_gemm's own split
-   * became a nested team, which cost a linear layer's backward 10% on 2 threads. */
-  const bool par = batch > 1 && M < 64 && (double)M * (double)N * (double)K * (double)batch > RM_CPU_PAR_MIN &&
-                   !omp_in_parallel();
+  /* A batch of products each too small to split well (fewer than 64 rows for
+   * rm_cpu_gemm's split, or under SMALL_PRODUCT FLOPs, where the BLAS's own threads
+   * scale poorly): the batch is split over the threads instead, each product a
+   * single-threaded call on one thread (so every result is the same for any thread
+   * count). Left to the BLAS, a CNN's per-image products ran slower on 2 threads than on
+   * 1, and attention's (256 x 32) x (32 x 256) products 1.55x slower than split by batch.
+   * Otherwise no parallel construct at all: inside even an inactive one (if false),
+   * rm_cpu_gemm's own split became a nested team, which cost a linear layer's backward
+   * 10% on 2 threads. */
+  const double product = 2.0 * (double)M * (double)N * (double)K;
+  const bool par = batch > 1 && (M < 64 || product <= SMALL_PRODUCT) &&
+                   product * (double)batch > RM_CPU_PAR_MIN && !omp_in_parallel();
   if (par) {
     _Pragma("omp parallel for schedule(static)")
     for (int64_t i = 0; i < batch; i++) batch_gemm(ctx, y->dtype, &A, &B, nb, bshape, sa, sb, i, pa, pb, py);
