@@ -1,6 +1,4 @@
 /* Per-op costs measured on the device, and per-op timers (see opcost.h). */
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -301,9 +299,11 @@ static void probe_rates(rm_ctx *ctx, rm_opcost *c, const rm_backend *be, rm_devi
 int rm_opcost_cache_credit(rm_ctx *ctx, rm_device dev, size_t working_set, rm_credit *out) {
   *out = (rm_credit){ 0 };
   rm_opcost *c = get(ctx);
-  const rm_backend *be = (unsigned)dev < RM_DEVICE_COUNT ? ctx->backend[dev] : NULL;
   if (!c) return rm_fail(ctx, RM_ERR_OOM, "opcost: out of host memory");
-  if (!be || !be->memory_rates || ctx->opcost_off) return RM_OK;
+  if ((unsigned)dev >= RM_DEVICE_COUNT) return rm_fail(ctx, RM_ERR_ARG, "opcost: no device %d", (int)dev);
+  const rm_backend *be = rm_backend_get(ctx, dev);   /* started if it was not yet */
+  if (!be) return ctx->err_code;
+  if (!be->memory_rates || ctx->opcost_off) return RM_OK;
   if (!c->rates_known[dev]) {
     if (ctx->dry) return rm_fail(ctx, RM_ERR_STATE, "opcost: cache credit measured inside a dry run");
     probe_rates(ctx, c, be, dev);

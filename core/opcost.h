@@ -53,8 +53,9 @@ typedef struct rm_credit {
 } rm_credit;
 /* The credit on dev for a working set of that many bytes (activations kept from forward
  * plus parameters): the backend's memory_rates on scratch blocks of 1, 2, ... 64 MiB
- * (larger sets are priced at 64 MiB), measured at first use (about 0.1 s on the CPU) and
- * cached. Outside dry runs only; 0 where the backend does not measure. */
+ * (larger sets are priced at 64 MiB), measured at first use (about 0.2 s on the CPU) and
+ * cached. Outside dry runs only; 0 where the backend does not measure; raises when the
+ * device cannot be started. */
 int rm_opcost_cache_credit(rm_ctx *ctx, rm_device dev, size_t working_set, rm_credit *out);
 /* Forgets every measurement (the device's speed changed: other kernels, other load). */
 void rm_opcost_reset(rm_ctx *ctx);
