@@ -362,6 +362,36 @@ RM_FM_INLINE int64_t softmax_live_len_(const float *x, int64_t n) {
   return p < n ? p : n;
 }
 
+/* The rest of a (log_)softmax row, given its max m over z[0, p): exp and sum on the
+ * prefix, then y[0, n) (the entries from p on are -inf: 0 * inv, or -inf - lse in log
+ * mode). z may be y itself (a row already written there), hence no restrict. */
+RM_FM_INLINE void softmax_prefix_f32_(const float *z, float *y, int64_t n, int64_t p, float m, bool logmode) {
+  double sum = 0;
+  if (logmode) {
+    _Pragma("omp simd reduction(+:sum)")
+    for (int64_t k = 0; k < p; k++) sum += rm_expf(z[k] - m);
+    float lse = m + logf((float)sum);
+    _Pragma("omp simd")
+    for (int64_t k = 0; k < p; k++) y[k] = z[k] - lse;
+    float tail = -INFINITY - lse;
+    _Pragma("omp simd")
+    for (int64_t k = p; k < n; k++) y[k] = tail;
+    return;
+  }
+  _Pragma("omp simd reduction(+:sum)")
+  for (int64_t k = 0; k < p; k++) {
+    float e = rm_expf(z[k] - m);
+    y[k] = e;
+    sum += e;
+  }
+  float inv = (float)(1.0 / sum);
+  _Pragma("omp simd")
+  for (int64_t k = 0; k < p; k++) y[k] *= inv;
+  float tail = 0.0f * inv;
+  _Pragma("omp simd")
+  for (int64_t k = p; k < n; k++) y[k] = tail;
+}
+
 /* (log_)softmax of one contiguous float32 row. max, exp and sum run on the prefix
  * before the trailing -inf run only: each exp there is exactly 0 for a finite max,
  * and a NaN or +inf in the prefix makes the sum NaN, so the tail is written as the
@@ -374,27 +404,7 @@ RM_FM_INLINE void softmax_row_f32_(const float *restrict x, float *restrict y, i
   /* a NaN may or may not win the max in SIMD lanes: the row is NaN either way */
   _Pragma("omp simd reduction(max:m)")
   for (int64_t k = 0; k < p; k++) m = x[k] > m ? x[k] : m;
-  double sum = 0;
-  if (logmode) {
-    _Pragma("omp simd reduction(+:sum)")
-    for (int64_t k = 0; k < p; k++) sum += rm_expf(x[k] - m);
-    float lse = m + logf((float)sum);
-    _Pragma("omp simd")
-    for (int64_t k = 0; k < n; k++) y[k] = x[k] - lse;
-    return;
-  }
-  _Pragma("omp simd reduction(+:sum)")
-  for (int64_t k = 0; k < p; k++) {
-    float e = rm_expf(x[k] - m);
-    y[k] = e;
-    sum += e;
-  }
-  float inv = (float)(1.0 / sum);
-  _Pragma("omp simd")
-  for (int64_t k = 0; k < p; k++) y[k] *= inv;
-  float tail = 0.0f * inv;
-  _Pragma("omp simd")
-  for (int64_t k = p; k < n; k++) y[k] = tail;
+  softmax_prefix_f32_(x, y, n, p, m, logmode);
 }
 
 /* softmax_row_f32_ of sc * x with only x[0, live) taking part (a causal row: the
@@ -414,29 +424,7 @@ RM_FM_INLINE void softmax_row_scaled_f32_(const float *restrict x, float *restri
     m = v > m ? v : m;
   }
   for (int64_t k = live; k < p; k++) y[k] = -INFINITY;
-  double sum = 0;
-  if (logmode) {
-    _Pragma("omp simd reduction(+:sum)")
-    for (int64_t k = 0; k < p; k++) sum += rm_expf(y[k] - m);
-    float lse = m + logf((float)sum);
-    _Pragma("omp simd")
-    for (int64_t k = 0; k < live; k++) y[k] -= lse;
-    float tail = -INFINITY - lse;
-    for (int64_t k = live; k < n; k++) y[k] = tail;
-    return;
-  }
-  _Pragma("omp simd reduction(+:sum)")
-  for (int64_t k = 0; k < p; k++) {
-    float e = rm_expf(y[k] - m);
-    y[k] = e;
-    sum += e;
-  }
-  float inv = (float)(1.0 / sum);
-  _Pragma("omp simd")
-  for (int64_t k = 0; k < p; k++) y[k] *= inv;
-  float tail = 0.0f * inv;
-  _Pragma("omp simd")
-  for (int64_t k = p; k < n; k++) y[k] = tail;
+  softmax_prefix_f32_(y, y, n, p, m, logmode);
 }
 
 /* float32 (log_)softmax of one column x[0, n*s) (stride s) into y: the same steps as
