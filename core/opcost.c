@@ -223,23 +223,50 @@ static int measure_one(rm_ctx *ctx, entry *e, double *seconds) {
   return rc;
 }
 
+/* What a measurement outside the step may disturb, saved by aside_begin and put back by
+ * aside_end: the error, peaks (a user's reset_peak), the timers. In between, tensors go
+ * to category workspace with grad off and the user's limit (an accounting of the step)
+ * does not apply; a device really out of memory still fails. Every tensor made in
+ * between must be dropped, so that live and reserved are back where they were. */
+typedef struct aside {
+  char err[sizeof ((rm_ctx *)0)->err];
+  int err_code;
+  rm_memstats mem[RM_DEVICE_COUNT];
+  bool timing;
+  rm_scope sc;
+} aside;
+
+static void aside_begin(rm_ctx *ctx, aside *a) {
+  a->err_code = ctx->err_code;
+  memcpy(a->err, ctx->err, sizeof a->err);
+  memcpy(a->mem, ctx->mem, sizeof a->mem);
+  for (int d = 0; d < RM_DEVICE_COUNT; d++) ctx->mem[d].limit = 0;
+  a->timing = ctx->op_timing;
+  ctx->op_timing = false;
+  rm_scope_enter(ctx, &a->sc, RM_CAT_WORKSPACE, RM_GRAD_OFF);
+}
+
+static void aside_end(rm_ctx *ctx, aside *a) {
+  rm_scope_leave(ctx, &a->sc);
+  ctx->op_timing = a->timing;
+  for (int d = 0; d < RM_DEVICE_COUNT; d++) {
+    for (int k = 0; k < RM_CAT_COUNT; k++) {
+      ctx->mem[d].peak[k] = a->mem[d].peak[k];
+      ctx->mem[d].peak_live[k] = a->mem[d].peak_live[k];
+    }
+    ctx->mem[d].peak_total = a->mem[d].peak_total;
+    ctx->mem[d].limit = a->mem[d].limit;
+  }
+  memcpy(ctx->err, a->err, sizeof a->err);
+  ctx->err_code = a->err_code;
+}
+
 int rm_opcost_calibrate(rm_ctx *ctx) {
   rm_opcost *c = ctx->opcost;
   if (!c || !c->pending || ctx->opcost_off) return RM_OK;
   if (ctx->dry) return rm_fail(ctx, RM_ERR_STATE, "opcost: calibration inside a dry run");
-  /* what the measurements may disturb: the error, peaks (a user's reset_peak), timers */
-  char err[sizeof ctx->err];
-  int err_code = ctx->err_code;
-  memcpy(err, ctx->err, sizeof err);
-  rm_memstats mem[RM_DEVICE_COUNT];
-  memcpy(mem, ctx->mem, sizeof mem);
-  /* a few small tensors at a time, given back at once: the user's limit (an accounting
-   * of the step) does not apply; a device really out of memory still fails */
-  for (int d = 0; d < RM_DEVICE_COUNT; d++) ctx->mem[d].limit = 0;
-  bool timing = ctx->op_timing;
-  ctx->op_timing = false;
-  rm_scope sc;
-  rm_scope_enter(ctx, &sc, RM_CAT_WORKSPACE, RM_GRAD_OFF);
+  aside a;
+  aside_begin(ctx, &a);   /* a few small tensors at a time, given back at once */
   for (size_t i = 0; i < c->cap; i++) {
     entry *e = &c->e[i];
     if (!e->key || !(e->seconds < 0)) continue;
@@ -247,34 +274,17 @@ int rm_opcost_calibrate(rm_ctx *ctx) {
     e->seconds = measure_one(ctx, e, &s) == RM_OK ? s : 0.0 / 0.0;
     rm_clear_error(ctx);
   }
-  rm_scope_leave(ctx, &sc);
   c->pending = 0;
-  ctx->op_timing = timing;
-  for (int d = 0; d < RM_DEVICE_COUNT; d++) {
-    /* live and reserved are back where they were (every tensor made was dropped) */
-    for (int k = 0; k < RM_CAT_COUNT; k++) {
-      ctx->mem[d].peak[k] = mem[d].peak[k];
-      ctx->mem[d].peak_live[k] = mem[d].peak_live[k];
-    }
-    ctx->mem[d].peak_total = mem[d].peak_total;
-    ctx->mem[d].limit = mem[d].limit;
-  }
-  memcpy(ctx->err, err, sizeof err);
-  ctx->err_code = err_code;
+  aside_end(ctx, &a);
   return RM_OK;
 }
 
-/* Measures the rates for working sets of 2^(MIN_LOG2 + b) bytes, b < nb, into c's table
- * (scratch blocks outside the user's limit, peaks restored, as calibrate does; a size
- * that cannot be had measures 0). */
+/* Measures the rates for working sets of 2^(MIN_LOG2 + b) bytes into c's table, on
+ * scratch blocks set aside as calibrate's inputs are (a size that cannot be had
+ * measures 0). */
 static void probe_rates(rm_ctx *ctx, rm_opcost *c, const rm_backend *be, rm_device dev) {
-  char err[sizeof ctx->err];
-  int err_code = ctx->err_code;
-  memcpy(err, ctx->err, sizeof err);
-  rm_memstats mem = ctx->mem[dev];
-  ctx->mem[dev].limit = 0;
-  rm_scope sc;
-  rm_scope_enter(ctx, &sc, RM_CAT_WORKSPACE, RM_GRAD_OFF);
+  aside a;
+  aside_begin(ctx, &a);
   for (int b = 0; b < CREDIT_BUCKETS; b++) {
     int64_t n = (int64_t)(((size_t)1 << (CREDIT_MIN_LOG2 + b)) / sizeof(float));
     rm_tensor *buf = rm_tensor_new(ctx, RM_F32, dev, 1, &n, RM_CAT_WORKSPACE);
@@ -284,15 +294,7 @@ static void probe_rates(rm_ctx *ctx, rm_opcost *c, const rm_backend *be, rm_devi
     rm_tensor_drop(ctx, buf);
     c->rates[dev][b] = (rm_credit){ .act = rt, .param = rd };
   }
-  rm_scope_leave(ctx, &sc);
-  for (int q = 0; q < RM_CAT_COUNT; q++) {
-    ctx->mem[dev].peak[q] = mem.peak[q];
-    ctx->mem[dev].peak_live[q] = mem.peak_live[q];
-  }
-  ctx->mem[dev].peak_total = mem.peak_total;
-  ctx->mem[dev].limit = mem.limit;
-  memcpy(ctx->err, err, sizeof err);
-  ctx->err_code = err_code;
+  aside_end(ctx, &a);
   c->rates_known[dev] = true;
 }
 
