@@ -261,6 +261,52 @@ describe("float32 fast math (kernels/cpu/fastmath.h)", function()
     check_grad("gelu_backward", gelu_grad, 12)
   end)
 
+  -- gelu and gelu' take a cheaper form within |x| <= 5 (RM_GELU_NEAR); the array kernels
+  -- run it alone on blocks of 16 inputs all inside, and send a mixed block's outside
+  -- elements to the general form. A result must not depend on its neighbours: the same
+  -- inputs give the same bits whether their block is all inside, mixed or all outside.
+  it("gelu and gelu_backward: each result depends on its own input only (blocks near 0, mixed, far)", function()
+    local n = 16 * 24 + 5 -- a tail past the last whole block
+    local near, mixed = {}, {}
+    for i = 1, n do
+      near[i] = ((i * 37) % 1001) / 100 - 5 -- within [-5, 5]
+      mixed[i] = near[i]
+    end
+    -- blocks 3..24: one, several or all elements moved outside (and NaN, inf), in and
+    -- past the tail too
+    local far = { 5.0000005, -5.0000005, 7.5, -9.25, 30, -14, nan, inf, -inf }
+    for b = 2, 23 do
+      local k = (b % 16) + 1
+      for j = 1, (b < 20) and k or 16 do
+        local at = b * 16 + ((j * 5 + b) % 16) + 1
+        mixed[at] = far[(at % #far) + 1]
+      end
+    end
+    mixed[n - 1] = 6.5
+    for _, op in ipairs({ "gelu", "gelu_backward" }) do
+      local function run(v)
+        local t, ones = C.from_table(v, { #v }, "float32"), {}
+        for i = 1, #v do ones[i] = 1 end
+        local g1 = C.from_table(ones, { #v }, "float32")
+        return C.flat(op == "gelu" and C.op(C.ops.gelu, nil, t) or C.op(C.ops.gelu_backward, nil, t, g1))
+      end
+      local a, b = run(near), run(mixed)
+      -- each moved value is compared with itself alone, a 1-element tensor (the tail loop)
+      local changed = 0
+      for i = 1, n do
+        if mixed[i] == near[i] then
+          assert(a[i] == b[i], ("%s(%.9g) at %d: %.9g among near inputs, %.9g in a mixed block"):format(op, near[i], i, a[i], b[i]))
+        else
+          changed = changed + 1
+          local alone = run({ mixed[i] })
+          local same = (alone[1] ~= alone[1] and b[i] ~= b[i]) or alone[1] == b[i]
+          assert(same, ("%s(%.9g): %.9g in a block, %.9g alone"):format(op, mixed[i], b[i], alone[1]))
+        end
+      end
+      assert(changed > 100, "the mixed input moves many elements outside")
+    end
+  end)
+
   it("gelu_tanh_backward: <= 6 ulp of s + |x| s' 2u', plus 3 |2u| ulp for x < 0", function()
     check_grad("gelu_tanh_backward", gelu_tanh_grad, 6, arg_extra)
   end)

@@ -303,12 +303,69 @@ static inline void walk_item(const ew_walk *w, int64_t it, int64_t *o, int64_t *
                        for (int64_t i = 0; i < n; i++) o[i] = g[i] * fn(a[i]);         \
                      })
 
+/* As FM_MAP1 / FM_MAP2 for a function with a cheaper form near 0 (fn(x) = near(x) where
+ * |x| <= lim, far(x) elsewhere): a block of FM_BLOCK inputs all within lim runs near
+ * alone, one all outside far alone; a mixed block runs near and leaves its outside
+ * elements to far, gathered FM_GATHER at a time (so a wide input's few large elements
+ * cost what they need, not both forms over whole blocks). Each result depends on its
+ * own input only: the same as fn gives for it. */
+#define FM_BLOCK 16
+#define FM_GATHER (4 * FM_BLOCK)
+#define FM_FAR_(x, lim) (!(fabsf(x) <= (lim)))
+#define FM_FLUSH_(far, STORE)                                                          \
+  do {                                                                                 \
+    for (int k = 0; k < nf; k++) buf[k] = a[idx[k]];                                   \
+    _Pragma("omp simd")                                                                \
+    for (int k = 0; k < nf; k++) buf[k] = far(buf[k]);                                 \
+    for (int k = 0; k < nf; k++) STORE(idx[k], buf[k]);                                \
+    nf = 0;                                                                            \
+  } while (0)
+#define FM_NEAR_LOOP(fn, near, far, lim, EXPR, STORE)                                  \
+  {                                                                                    \
+    int64_t idx[FM_GATHER];                                                            \
+    float buf[FM_GATHER];                                                              \
+    int nf = 0;                                                                        \
+    int64_t i = 0;                                                                     \
+    for (; i + FM_BLOCK <= n; i += FM_BLOCK) {                                         \
+      int nfar = 0;                                                                    \
+      for (int j = 0; j < FM_BLOCK; j++) nfar += FM_FAR_(a[i + j], lim);                    \
+      if (nfar == FM_BLOCK) {                                                          \
+        _Pragma("omp simd")                                                            \
+        for (int64_t j = i; j < i + FM_BLOCK; j++) o[j] = EXPR(far);                   \
+        continue;                                                                      \
+      }                                                                                \
+      _Pragma("omp simd")                                                              \
+      for (int64_t j = i; j < i + FM_BLOCK; j++) o[j] = EXPR(near);                    \
+      if (nfar) {                                                                      \
+        if (nf + FM_BLOCK > FM_GATHER) FM_FLUSH_(far, STORE);                          \
+        for (int64_t j = i; j < i + FM_BLOCK; j++) { /* branch-free: far is 50/50 */   \
+          idx[nf] = j;                                                                 \
+          nf += FM_FAR_(a[j], lim);                                                    \
+        }                                                                              \
+      }                                                                                \
+    }                                                                                  \
+    FM_FLUSH_(far, STORE);                                                             \
+    _Pragma("omp simd")                                                                \
+    for (int64_t j = i; j < n; j++) o[j] = EXPR(fn);                                   \
+  }
+#define FM_APPLY1_(f) f(a[j])
+#define FM_APPLY2_(f) g[j] * f(a[j])
+#define FM_STORE1_(j, v) (o[j] = (v))
+#define FM_STORE2_(j, v) (o[j] = g[j] * (v))
+#define FM_MAP1_NEAR(fn, near, far, lim)                                               \
+  RM_FM_MULTIVERSION_FMA(void, map1_##fn, (const float *restrict a, float *restrict o, int64_t n), \
+                     (a, o, n), FM_NEAR_LOOP(fn, near, far, lim, FM_APPLY1_, FM_STORE1_))
+#define FM_MAP2_NEAR(fn, near, far, lim)                                               \
+  RM_FM_MULTIVERSION_FMA(void, map2_##fn,                                              \
+                     (const float *restrict a, const float *restrict g, float *restrict o, int64_t n), \
+                     (a, g, o, n), FM_NEAR_LOOP(fn, near, far, lim, FM_APPLY2_, FM_STORE2_))
+
 FM_MAP1(rm_expf)
 FM_MAP1(rm_tanhf)
 FM_MAP1(rm_sigmoidf)
 FM_MAP1(rm_siluf)
-FM_MAP1(rm_geluf)
-FM_MAP2(rm_gelu_gradf)
+FM_MAP1_NEAR(rm_geluf, rm_gelu_nearf, rm_gelu_farf, RM_GELU_NEAR)
+FM_MAP2_NEAR(rm_gelu_gradf, rm_gelu_grad_nearf, rm_gelu_grad_farf, RM_GELU_NEAR)
 FM_MAP1(rm_gelu_tanhf)
 FM_MAP2(rm_gelu_tanh_gradf)
 FM_MAP2(rm_silu_gradf)
