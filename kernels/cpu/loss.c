@@ -35,8 +35,9 @@
   do {                                                               \
     T m_ = -INFINITY;                                                \
     double s_ = 0;                                                   \
+    _Pragma("omp simd reduction(max:m_)")                            \
     for (int64_t j_ = 0; j_ < (C); j_++)                             \
-      if ((row)[j_] > m_) m_ = (row)[j_];                            \
+      m_ = (row)[j_] > m_ ? (row)[j_] : m_; /* NaN never wins */     \
     _Pragma("omp simd reduction(+:s_)")                              \
     for (int64_t j_ = 0; j_ < (C); j_++) s_ += EXP_##T((row)[j_] - m_); \
     (out) = (double)m_ + log(s_);                                    \
@@ -55,6 +56,46 @@ static inline float exp_diff_float(float x, double lse) {
 }
 static inline double exp_diff_double(double x, double lse) { return exp(x - lse); }
 
+/* ROW_LSE and the gradient row of cross_entropy_backward for float32, compiled per ISA
+ * (RM_FM_MULTIVERSION_FMA: the build's SSE4.2 ran the backward at 9 ns an element on
+ * two threads, a language model's whole vocabulary per token). row and o may be the
+ * same (the backward writing over its logits): each element is read before it is
+ * written, after the row's lse. */
+RM_FM_MULTIVERSION_FMA(double, ce_row_lse_f32, (const float *row, int64_t classes), (row, classes), {
+  double lse;
+  ROW_LSE(float, row, classes, lse);
+  return lse;
+})
+RM_FM_MULTIVERSION_FMA(void, ce_row_backward_f32,
+                       (const float *row, float *o, int64_t classes, int64_t y, double scale),
+                       (row, o, classes, y, scale), {
+  double lse;
+  ROW_LSE(float, row, classes, lse);
+  /* x - lse as the float pair (s, err - ll): lse = lh + ll, and s + err = x - lh exactly
+   * (Knuth's two-sum; no commas: this body is a macro argument), so each probability keeps float accuracy however far x lies
+   * below lse, in float lanes (exp_diff_float's double arithmetic did not vectorise) */
+  float lh = (float)lse;
+  float ll = (float)(lse - (double)lh);
+  float sc = (float)scale;
+  float xy = y >= 0 && y < classes ? row[y] : 0.0f; /* read before o overwrites it */
+  _Pragma("omp simd")
+  for (int64_t j = 0; j < classes; j++) {
+    float x = row[j];
+    float s = x - lh;
+    float b = s - x;
+    float err = (x - (s - b)) + (-lh - b);
+    /* below -110 the probability is 0 in float (and a -inf logit's pair is NaN) */
+    o[j] = rm_fm_sel_(s < -110.0f, 0.0f, rm_expf_hilo(s, err - ll) * sc);
+  }
+  if (y >= 0 && y < classes) {
+    double py = (double)xy - lse < -110.0 ? 0.0 : (double)exp_diff_float(xy, lse);
+    o[y] = (float)((py - 1.0) * scale);
+  }
+})
+
+#define ROW_LSE_double(row, C, out) ROW_LSE(double, row, C, out)
+#define ROW_LSE_float(row, C, out) ((out) = ce_row_lse_f32(row, C))
+
 #define CE_FORWARD(T)                                                                    \
   do {                                                                                   \
     const T *px = rm_tensor_ptr(in[0]);                                                  \
@@ -62,7 +103,7 @@ static inline double exp_diff_double(double x, double lse) { return exp(x - lse)
     CHUNKED_SUM(total, rows, rows * classes, r, {                                        \
       const T *row = px + r * classes;                                                   \
       double lse;                                                                        \
-      ROW_LSE(T, row, classes, lse);                                                     \
+      ROW_LSE_##T(row, classes, lse);                                                    \
       acc += lse - (double)row[rm_cpu_index_at(lp, r)];                                  \
     });                                                                                  \
     *(T *)rm_tensor_ptr(out[0]) = (T)(total / (double)rows);                             \
@@ -78,31 +119,29 @@ RM_CPU_KERNEL(cross_entropy) {
   return RM_OK;
 }
 
-#define CE_BACKWARD(T)                                                                   \
+#define CE_BACKWARD(T, ROW)                                                              \
   do {                                                                                   \
     const T *px = rm_tensor_ptr(in[0]);                                                  \
     T *po = rm_tensor_ptr(out[0]);                                                       \
     double scale = (double)*(const T *)rm_tensor_ptr(in[2]) / (double)rows;              \
     _Pragma("omp parallel for if (rows * classes > RM_CPU_PAR_MIN)")                     \
-    for (int64_t r = 0; r < rows; r++) {                                                 \
-      const T *row = px + r * classes;                                                   \
-      T *o = po + r * classes;                                                           \
-      double lse;                                                                        \
-      ROW_LSE(T, row, classes, lse);                                                     \
-      int64_t y = rm_cpu_index_at(lp, r);                                                \
-      _Pragma("omp simd")                                                                \
-      for (int64_t j = 0; j < classes; j++)                                              \
-        o[j] = (T)(((double)exp_diff_##T(row[j], lse) - (j == y ? 1.0 : 0.0)) * scale);  \
-    }                                                                                    \
+    for (int64_t r = 0; r < rows; r++)                                                   \
+      ROW(px + r * classes, po + r * classes, classes, rm_cpu_index_at(lp, r), scale);  \
   } while (0)
+
+static void ce_row_backward_f64(const double *row, double *o, int64_t classes, int64_t y, double scale) {
+  double lse;
+  ROW_LSE(double, row, classes, lse);
+  for (int64_t j = 0; j < classes; j++) o[j] = (exp_diff_double(row[j], lse) - (j == y ? 1.0 : 0.0)) * scale;
+}
 
 RM_CPU_KERNEL(cross_entropy_backward) {
   int64_t rows = in[0]->shape[0], classes = in[0]->shape[1];
   if (rm_cpu_check_indices(ctx, "cross_entropy_backward", "label", in[1], classes, -1, "row"))
     return ctx->err_code;
   rm_cpu_indices lp = rm_cpu_indices_of(in[1]);
-  if (out[0]->dtype == RM_F64) CE_BACKWARD(double);
-  else CE_BACKWARD(float);
+  if (out[0]->dtype == RM_F64) CE_BACKWARD(double, ce_row_backward_f64);
+  else CE_BACKWARD(float, ce_row_backward_f32);
   return RM_OK;
 }
 

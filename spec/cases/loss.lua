@@ -120,6 +120,19 @@ return function(K)
           local l = { 3, 1 }
           K.check(op("cross_entropy_backward", nil, x, lab(l), K.tensor({ -2 }, {})), ref_ce_backward(v, l, 3, -2), { 2, 3 })
         end,
+        ["-inf logits (masked classes) and logits far below the max get 0, not NaN"] = function()
+          local v = { 1, -inf, 2, 0.5, 3, 1e30, -1e30, 0, -inf, 0, -200, 4 }
+          local l = { 1, 2, 4 }
+          K.check(op("cross_entropy_backward", nil, K.tensor(v, { 3, 4 }), lab(l), K.tensor({ 1 }, {})),
+                  ref_ce_backward(v, l, 4, 1), { 3, 4 })
+        end,
+        ["vocabulary-wide rows (the vector loop and its tail), labels at the ends"] = function()
+          local x, v = K.rand({ 3, 1037 }, -8, 8)
+          local l = { 1, 1037, 500 }
+          K.check(op("cross_entropy_backward", nil, x, lab(l), K.tensor({ 0.75 }, {})), ref_ce_backward(v, l, 1037, 0.75),
+                  { 3, 1037 })
+          K.check(op("cross_entropy", nil, x, lab(l)), { ref_ce(v, l, 1037) }, {})
+        end,
         ["errors"] = function()
           raises("cross_entropy_backward: the loss gradient must have one element", op, "cross_entropy_backward", nil,
                  K.rand({ 2, 3 }), lab({ 1, 1 }), (K.rand({ 2 })))
