@@ -11,9 +11,10 @@
 --
 -- The largest batch (a multiple of 16) is found by bisection over dry runs (model:plan's
 -- whole-step peak, or whether budget() finds a plan), then one real step at it must fit.
--- Examples/s: the median over rounds that interleave the rows (the machine is shared).
+-- Examples/s: the median over rounds that interleave the rows (the machine is shared);
+-- thru x: the median over rounds of the row's examples/s over none()'s in that round.
 --
--- Usage: remat bench/headline.lua [--rounds 3] [--steps 2] [--only activations|parameters] [--passive]
+-- Usage: remat bench/headline.lua [--rounds 3] [--steps 3] [--only activations|parameters] [--passive]
 --
 -- It runs in the environment it is given, as a user's script does (the remat command
 -- sets GOMP_SPINCOUNT=1000: README, "The wait policy"); --passive re-runs it with
@@ -33,7 +34,7 @@ local remat = require "remat"
 local nn, optim, policy = remat.nn, remat.optim, remat.policy
 local fmt = remat.memory.format
 
-local o = { rounds = 3, steps = 2, only = false }
+local o = { rounds = 3, steps = 3, only = false }
 do
   local argv, i = { ... }, 1
   while argv[i] do
@@ -200,21 +201,29 @@ for _, m in ipairs(MODELS) do
       if b > 0 then ok, err = run(m, row, model, opt, limit, b, 0) end
       rows[r] = { row = row, batch = b, eps = {}, err = not ok and err or nil }
     end
-    for _ = 1, o.rounds do
+    for k = 1, o.rounds do
       for _, r in ipairs(rows) do
         if r.batch > 0 and not r.err then
           local model, opt = setup(m, r.row)
           local s, err = run(m, r.row, model, opt, limit, r.batch, o.steps)
-          if s then r.eps[#r.eps + 1] = r.batch / s else r.err = err end
+          if s then r.eps[k] = r.batch / s else r.err = err end
+        end
+      end
+      -- each row against none() in the same round: the machine's slow and fast phases
+      -- (seconds long) then move both sides of a ratio alike
+      for _, r in ipairs(rows) do
+        if r.eps[k] and rows[1].eps[k] then
+          r.ratios = r.ratios or {}
+          r.ratios[#r.ratios + 1] = r.eps[k] / rows[1].eps[k]
         end
       end
     end
     print(("%-24s %8s %12s %9s %9s"):format("policy", "batch", "examples/s", "batch x", "thru x"))
-    local base_b, base_eps = rows[1].batch, median(rows[1].eps)
+    local base_b = rows[1].batch
     for _, r in ipairs(rows) do
-      local eps = median(r.eps)
+      local eps, thru = median(r.eps), r.ratios and median(r.ratios)
       print(("%-24s %8s %12s %8.2fx %9s%s"):format(r.row.name, r.batch > 0 and r.batch or "no fit", eps and ("%.0f"):format(eps) or "-",
-        r.batch / math.max(1, base_b), (eps and base_eps) and ("%.2fx"):format(eps / base_eps) or "-",
+        r.batch / math.max(1, base_b), thru and ("%.2fx"):format(thru) or "-",
         r.err and ("  (" .. tostring(r.err):sub(1, 80) .. ")") or ""))
     end
   end
