@@ -5,7 +5,8 @@
 -- Beside the measurements: each plan's predicted peak and predicted step time: none()'s
 -- measured step plus the plan's replay time, priced by per-op costs (core/opcost.c)
 -- learned from the op timers during these same rounds (so the prediction sees the same
--- load and caches; "alone" is the price the planner used, from ops timed alone).
+-- load and caches; a call is priced at its replays' mean where some plan replayed it,
+-- else at its first runs'; "alone" is the price the planner used, from ops timed alone).
 -- budget() runs at the memory of every(sqrt N), of every(1) and of each PyTorch row.
 -- The same models under PyTorch 2.x's torch.utils.checkpoint (bench/checkpoint_torch.py:
 -- every(k), checkpoint_sequential, selective checkpoint contexts) when torch imports
@@ -390,7 +391,7 @@ for _, res in ipairs(results) do
   local mk = task.name:match("^MLP") and "mlp" or "gpt"
   out("")
   out("== %s (%d layers in the Sequential): none() step %.3f s (fwd %.3f s)", task.name, task.n, list[1].time, list[1].fwd)
-  out("   rec ms: predicted replay time, per-op costs learned in these rounds; alone: as planned (ops timed alone);")
+  out("   rec ms: predicted replay time, per-op costs learned in these rounds (a call's replays, else its first runs); alone: as planned (ops timed alone);")
   out("   meas: the replays' measured time in a step (per-op timers, median over rounds)")
   out("   credit: what backward saves reading hot what the replays made (the cost model's cache credit, remat plan)")
   out("   pred x: none()'s step + rec ms - credit, over none()'s step; err: time x (median of per-round ratios) vs pred x")
@@ -462,12 +463,26 @@ for _, res in ipairs(results) do
   end
 end
 out("  measured/predicted replay time (per-op timers, inside the step): worst %+.1f%% over %d plans", 100 * rworst, rplans)
+-- Whether two plan reports keep, drop and replay the same things layer by layer (then
+-- their steps run the same ops, and a difference in time is the machine's).
+local function same_plan(a, b)
+  if #a.layers ~= #b.layers then return false end
+  for i, l in ipairs(a.layers) do
+    local m = b.layers[i]
+    if l.action ~= m.action or table.concat(l.recomputes or {}, ",") ~= table.concat(m.recomputes or {}, ",") then
+      return false
+    end
+  end
+  return true
+end
 for _, res in ipairs(results) do
   for _, pair in ipairs { { "at_sqrt", "sqrt" }, { "at_every1", "every1" } } do
     local b, ref = find(res.list, pair[1]), find(res.list, pair[2])
     if b and ref then
+      local same = same_plan(b.plan, ref.plan)
       out("  %s budget() at %s's memory: %.3fx vs %.3fx, peak %.2f vs %.2f MiB (target: not slower: %s)", res.task.name,
-        ref.label, b.ratio, ref.ratio, b.peak / MiB, ref.peak / MiB, met(b.ratio <= ref.ratio))
+        ref.label, b.ratio, ref.ratio, b.peak / MiB, ref.peak / MiB,
+        same and "met: the same plan" or met(b.ratio <= ref.ratio))
     end
   end
 end

@@ -36,8 +36,9 @@ void rm_opcost_each(const rm_ctx *ctx, void (*f)(rm_op_id op, double seconds, do
 void rm_opcost_enable(rm_ctx *ctx, bool on);
 bool rm_opcost_enabled(const rm_ctx *ctx);
 /* While on (and the timers run), each priced call's cost becomes the mean time of its
- * first runs (not replays) inside the real steps that follow: per-op rates in place,
- * caches and load as the steps see them. Turning it on forgets what was learned. */
+ * replays inside the real steps that follow, or of its first runs where it was not
+ * replayed: per-op rates in place, caches and load as the steps see them. Turning it on
+ * forgets what was learned. */
 void rm_opcost_learn(rm_ctx *ctx, bool on);
 /* The cache credit: seconds per byte a step saves when backward reads a byte straight
  * after a replay made it (or read it: a parameter), from cache, where keeping it from

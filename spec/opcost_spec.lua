@@ -97,9 +97,11 @@ describe("per-op costs", function()
     assert.is_true(r.recompute_cost > 0)
   end)
 
-  it("are learned from the timed first runs of real steps", function()
-    local m = block(16)
+  it("are learned from the timed replays of real steps, else from their first runs", function()
     local x = remat.randn(8, 16)
+    -- a call that was replayed: priced at the mean of its replays (they run back to back
+    -- in the engine, its first runs were called from Lua)
+    local m = block(16)
     m:checkpoint(policy.selective { "gelu" })
     m:plan(x)
     C.op_timers(true)
@@ -114,8 +116,25 @@ describe("per-op costs", function()
     local t = C.op_timing().gelu
     assert.equal(3, t.calls)        -- first runs
     assert.equal(3, t.replay_calls) -- one replay per backward
-    -- the replayed call is priced at the mean of its first runs
-    assert.equal(t.seconds / 3, m:plan(x).recompute_cost)
+    assert.are_not.equal(t.seconds, t.replay_seconds)
+    assert.equal(t.replay_seconds / 3, m:plan(x).recompute_cost)
+    -- a call only run first (no plan replayed it while learning): its first runs' mean
+    local k = block(16)
+    k:checkpoint(policy.none())
+    k:plan(x)
+    C.op_timers(true)
+    C.opcost_learn(true)
+    for _ = 1, 2 do
+      local y = k(x)
+      y:sum():backward()
+      y:free()
+    end
+    C.op_timers(false)
+    C.opcost_learn(false)
+    local f = C.op_timing().gelu
+    assert.equal(2, f.calls)
+    assert.equal(0, f.replay_calls)
+    assert.equal(f.seconds / 2, k:plan(x, { policy = policy.selective { "gelu" } }).recompute_cost)
   end)
 end)
 
