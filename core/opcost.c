@@ -143,11 +143,11 @@ double rm_opcost_seconds(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in
   rm_opcost *c = ctx->opcost_off ? ctx->opcost : get(ctx);
   uint64_t key = call_key(op, nin, in, a);
   entry *e = c ? find(c, key) : NULL;
-  /* A replay runs its ops back to back inside the engine; a first run is called from
-   * Lua, between whose calls the OpenMP team goes to sleep, and small ops pay the wake-up
-   * (on bench/checkpoint.lua's MLP, replays ran 5-12% below their first runs' time). So
-   * a call replays at what its replays took where some were timed, else at its first
-   * runs' mean. */
+  /* What a plan prices is replays. A replay writes into blocks just freed, while the
+   * first runs pooled here include forwards that keep every output in fresh memory: on
+   * bench/checkpoint.lua's MLP the replays ran 5-12% below the same calls' first runs
+   * (the likely reason, not isolated). So a call is priced at its replays' mean where
+   * some were timed, else at its first runs'. */
   if (e && e->nrlearned > 0) {
     if (measured) *measured = true;
     return e->rlearned / (double)e->nrlearned;
