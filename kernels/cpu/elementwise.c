@@ -328,7 +328,7 @@ static inline void walk_item(const ew_walk *w, int64_t it, int64_t *o, int64_t *
     int64_t i = 0;                                                                     \
     for (; i + FM_BLOCK <= n; i += FM_BLOCK) {                                         \
       int nfar = 0;                                                                    \
-      for (int j = 0; j < FM_BLOCK; j++) nfar += FM_FAR_(a[i + j], lim);                    \
+      for (int j = 0; j < FM_BLOCK; j++) nfar += FM_FAR_(a[i + j], lim);               \
       if (nfar == FM_BLOCK) {                                                          \
         _Pragma("omp simd")                                                            \
         for (int64_t j = i; j < i + FM_BLOCK; j++) o[j] = EXPR(far);                   \

@@ -72,8 +72,9 @@ RM_FM_MULTIVERSION_FMA(void, ce_row_backward_f32,
   double lse;
   ROW_LSE(float, row, classes, lse);
   /* x - lse as the float pair (s, err - ll): lse = lh + ll, and s + err = x - lh exactly
-   * (Knuth's two-sum; no commas: this body is a macro argument), so each probability keeps float accuracy however far x lies
-   * below lse, in float lanes (exp_diff_float's double arithmetic did not vectorise) */
+   * (Knuth's two-sum), so each probability keeps float accuracy however far x lies below
+   * lse, in float lanes (exp_diff_float's double arithmetic did not vectorise). One
+   * declaration a line: this body is a macro argument, where a comma would split it. */
   float lh = (float)lse;
   float ll = (float)(lse - (double)lh);
   float sc = (float)scale;
