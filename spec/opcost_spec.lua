@@ -97,22 +97,26 @@ describe("per-op costs", function()
     assert.is_true(r.recompute_cost > 0)
   end)
 
-  it("are learned from the timed replays of real steps, else from their first runs", function()
-    local x = remat.randn(8, 16)
-    -- a call that was replayed: priced at the mean of its replays (they run back to back
-    -- in the engine, its first runs were called from Lua)
-    local m = block(16)
-    m:checkpoint(policy.selective { "gelu" })
-    m:plan(x)
+  -- n training steps of model under policy p with the op timers and learning on
+  local function learn_steps(model, p, x, n)
+    model:checkpoint(p)
+    model:plan(x)
     C.op_timers(true)
     C.opcost_learn(true)
-    for _ = 1, 3 do
-      local y = m(x)
+    for _ = 1, n do
+      local y = model(x)
       y:sum():backward()
       y:free()
     end
     C.op_timers(false)
     C.opcost_learn(false)
+  end
+
+  it("are learned from the timed replays of real steps, else from their first runs", function()
+    local x = remat.randn(8, 16)
+    -- a call that was replayed: priced at the mean of its replays (what a plan prices)
+    local m = block(16)
+    learn_steps(m, policy.selective { "gelu" }, x, 3)
     local t = C.op_timing().gelu
     assert.equal(3, t.calls)        -- first runs
     assert.equal(3, t.replay_calls) -- one replay per backward
@@ -120,17 +124,7 @@ describe("per-op costs", function()
     assert.equal(t.replay_seconds / 3, m:plan(x).recompute_cost)
     -- a call only run first (no plan replayed it while learning): its first runs' mean
     local k = block(16)
-    k:checkpoint(policy.none())
-    k:plan(x)
-    C.op_timers(true)
-    C.opcost_learn(true)
-    for _ = 1, 2 do
-      local y = k(x)
-      y:sum():backward()
-      y:free()
-    end
-    C.op_timers(false)
-    C.opcost_learn(false)
+    learn_steps(k, policy.none(), x, 2)
     local f = C.op_timing().gelu
     assert.equal(2, f.calls)
     assert.equal(0, f.replay_calls)
