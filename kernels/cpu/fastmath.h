@@ -173,16 +173,22 @@ RM_FM_INLINE float rm_silu_gradf(float x) {
  * rounding a^2 in float would cost up to 100 * 6e-8 = 6e-6 of relative accuracy at
  * a = 13. Inputs are clamped to |x| <= 20, beyond which every tail is 0 in float. */
 
+/* Sets *hi, *lo to the exact -a^2/2 as a sum, for a >= 0 (a = ah + al, ah with 12
+ * significant bits). */
+RM_FM_INLINE void rm_fm_gauss_split_(float a, float *hi, float *lo) {
+  float ah = rm_fm_float_(rm_fm_bits_(a) & 0xfffff000u);
+  float al = a - ah;
+  *hi = -0.5f * (ah * ah);
+  *lo = -0.5f * (al * (ah + a));
+}
+
 /* For a = min(|x|, 20): sets *t = 1 / (1 + a / (2 sqrt 2)) and *hi, *lo to the exact
  * -a^2/2 as a sum. */
 RM_FM_INLINE void rm_fm_gauss_arg_(float x, float *t, float *hi, float *lo) {
   float a = fabsf(x);
   a = rm_fm_sel_(a > 20.0f, 20.0f, a);
   *t = 1.0f / (1.0f + (0.5f * 0x1.6a09e6p-1f) * a);
-  float ah = rm_fm_float_(rm_fm_bits_(a) & 0xfffff000u);
-  float al = a - ah;
-  *hi = -0.5f * (ah * ah);
-  *lo = -0.5f * (al * (ah + a));
+  rm_fm_gauss_split_(a, hi, lo);
 }
 
 /* The Numerical Recipes erfcc polynomial in t (see above), by Estrin's scheme (see
@@ -219,17 +225,22 @@ RM_FM_INLINE float rm_fm_gelu_m_(float a) {
   return ((q0 + u2 * q1) + u4 * (q2 + u2 * q3)) + u8 * ((q4 + u2 * q5) + u4 * (q6 + u2 * q7));
 }
 
-/* e^(-a^2/2) for a = |x| <= RM_GELU_NEAR, from the exact split of rm_fm_gauss_arg_:
- * rm_expf_hilo's steps without its clamps; 2^n for n in [-18, 0] is one factor. */
-RM_FM_INLINE float rm_fm_gauss_near_(float x) {
-  float a = fabsf(x);
-  float ah = rm_fm_float_(rm_fm_bits_(a) & 0xfffff000u), al = a - ah;
-  float hi = -0.5f * (ah * ah), lo = -0.5f * (al * (ah + a));
+/* exp(hi + lo) for hi + lo in [-87, 0.1] (lo small, or 0): rm_expf_hilo's steps
+ * without its clamps; 2^n, n in [-126, 0], is one factor. <= 1 ulp. */
+RM_FM_INLINE float rm_fm_exp_unclamped_(float hi, float lo) {
   float sh = (hi + lo) * RM_FM_LOG2E + RM_FM_SHIFTER;
   int32_t n = (int32_t)(rm_fm_bits_(sh) - rm_fm_bits_(RM_FM_SHIFTER));
   float k = sh - RM_FM_SHIFTER;
   float r = ((hi - k * RM_FM_LN2_HI) - k * RM_FM_LN2_LO) + lo;
   return (1.0f + rm_fm_expm1_reduced_(r)) * rm_fm_pow2_(n);
+}
+
+/* e^(-a^2/2) for a = |x| <= RM_GELU_NEAR, from the tail's exact split: -a^2/2 >= -12.5
+ * needs no clamp (nor does a, unlike rm_fm_gauss_arg_'s). */
+RM_FM_INLINE float rm_fm_gauss_near_(float x) {
+  float hi, lo;
+  rm_fm_gauss_split_(fabsf(x), &hi, &lo);
+  return rm_fm_exp_unclamped_(hi, lo);
 }
 
 /* gelu(x) for |x| <= RM_GELU_NEAR: q = x Phi(-|x|) = ((x/2) M) e^(-x^2/2), and gelu =
@@ -265,16 +276,6 @@ RM_FM_INLINE float rm_geluf(float x) {
   return rm_fm_sel_(fabsf(x) <= RM_GELU_NEAR, rm_gelu_nearf(x), rm_gelu_farf(x));
 }
 
-/* exp(p) for p in [-1.3, 0.1] (the erfc polynomial's range, t in (0, 1]): the steps of
- * rm_expf without its clamps; 2^n for n in {-2, -1, 0} needs no split. <= 1 ulp. */
-RM_FM_INLINE float rm_fm_exp_small_(float p) {
-  float sh = p * RM_FM_LOG2E + RM_FM_SHIFTER;
-  int32_t n = (int32_t)(rm_fm_bits_(sh) - rm_fm_bits_(RM_FM_SHIFTER));
-  float k = sh - RM_FM_SHIFTER;
-  float r = (p - k * RM_FM_LN2_HI) - k * RM_FM_LN2_LO;
-  return (1.0f + rm_fm_expm1_reduced_(r)) * rm_fm_pow2_(n);
-}
-
 /* gelu'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi), for |x| >
  * RM_GELU_NEAR (correct everywhere): one exp of the split exponent, e = exp(-x^2/2),
  * gives phi, and Phi(-|x|) = (t / 2) e exp(P(t)) takes the polynomial's short exp on
@@ -283,7 +284,7 @@ RM_FM_INLINE float rm_gelu_grad_farf(float x) {
   float t, hi, lo;
   rm_fm_gauss_arg_(x, &t, &hi, &lo);
   float e = rm_expf_hilo(hi, lo);
-  float tail = ((0.5f * t) * e) * rm_fm_exp_small_(rm_fm_erfc_poly_(t)); /* Phi(-|x|) */
+  float tail = ((0.5f * t) * e) * rm_fm_exp_unclamped_(rm_fm_erfc_poly_(t), 0.0f); /* Phi(-|x|) */
   float phi = 0x1.988454p-2f * e;
   float y = rm_fm_sel_(x < 0, tail, 1.0f - tail) + x * phi;
   y = rm_fm_sel_(x == INFINITY, 1.0f, y);
