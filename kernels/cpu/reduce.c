@@ -343,10 +343,18 @@ RM_CPU_KERNEL(argmax) {
     }                                                                               \
   }
 
+/* Rounds a row's live length up to a multiple of 16 within the row (n): the SIMD loops
+ * over the prefix then need no scalar remainder (16 floats is one AVX-512 vector, two
+ * AVX2 ones); scalar remainders of up to 15 elements a loop were most of a short row's
+ * time. */
+RM_FM_INLINE int64_t softmax_pad_(int64_t live, int64_t n) {
+  int64_t p = (live + 15) & ~(int64_t)15;
+  return p < n ? p : n;
+}
+
 /* Length of x[0, n) without its trailing run of exact -inf (a causally masked row t of
  * T ends in T-1-t of them), found by a backward scan (bit compares, 32 at a time where
- * it can), then rounded up to a multiple of 8 within the row: the SIMD loops over the
- * live prefix then need no scalar remainder. */
+ * it can), then padded (softmax_pad_): the entries added are -inf too. */
 RM_FM_INLINE int64_t softmax_live_len_(const float *x, int64_t n) {
   int64_t p = n;
   if (n == 0 || x[n - 1] != -INFINITY) return n;
@@ -358,8 +366,7 @@ RM_FM_INLINE int64_t softmax_live_len_(const float *x, int64_t n) {
     p -= 32;
   }
   while (p > 0 && x[p - 1] == -INFINITY) p--;
-  p = (p + 7) & ~(int64_t)7;
-  return p < n ? p : n;
+  return softmax_pad_(p, n);
 }
 
 /* The rest of a (log_)softmax row, given its max m over z[0, p): exp and sum on the
@@ -408,22 +415,21 @@ RM_FM_INLINE void softmax_row_f32_(const float *restrict x, float *restrict y, i
 }
 
 /* softmax_row_f32_ of sc * x with only x[0, live) taking part (a causal row: the
- * rest are masked). The scaled prefix is written to y first (then read from L1), up
- * to a multiple of 8 with -inf, and the same loops run on it: what mul_scalar,
- * causal_mask and softmax_row_f32_ give, without their two passes over the scores
- * (and the -inf tail is neither written nor scanned). */
+ * rest are masked). The scaled prefix is written to y first (then read from L1),
+ * padded (softmax_pad_) with -inf in the same loop (x past live is in the row, read
+ * and not used), and the same loops run on it: what mul_scalar, causal_mask and
+ * softmax_row_f32_ give, without their two passes over the scores (and the -inf tail
+ * is neither written nor scanned). */
 RM_FM_INLINE void softmax_row_scaled_f32_(const float *restrict x, float *restrict y, int64_t n,
                                           bool logmode, float sc, int64_t live) {
-  int64_t p = (live + 7) & ~(int64_t)7;
-  if (p > n) p = n;
+  int64_t p = softmax_pad_(live, n);
   float m = -INFINITY;
   _Pragma("omp simd reduction(max:m)")
-  for (int64_t k = 0; k < live; k++) {
-    float v = x[k] * sc;
+  for (int64_t k = 0; k < p; k++) {
+    float v = k < live ? x[k] * sc : -INFINITY;
     y[k] = v;
     m = v > m ? v : m;
   }
-  for (int64_t k = live; k < p; k++) y[k] = -INFINITY;
   softmax_prefix_f32_(y, y, n, p, m, logmode);
 }
 

@@ -427,6 +427,9 @@ return function(K)
             local g, gv = rand(shape)
             gv = table.move(gv, 1, #gv, 1, {})
             gv[T] = nan   -- row 1's masked column: not read
+            -- masked columns inside the kernels' padded SIMD prefix: not read either
+            gv[T + 9] = nan                    -- row 2, column 9 (T 5: row 3, column 4)
+            if T > 6 then gv[6] = inf end      -- row 1, column 6
             g = K.tensor(gv, shape)
             local yv = C.flat(K.device == "cpu" and y or C.to_device(y, "cpu"))
             local e = {}
