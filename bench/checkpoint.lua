@@ -14,8 +14,9 @@
 -- N, step time against budget, and the time-memory frontier of each model.
 --
 -- Method. One model per policy, all built from the same seed (same weights); steps are
--- interleaved (one step of every policy per round) so that load from other processes
--- hits every policy alike; a policy's time ratio ("time x") is the median over rounds
+-- interleaved (one step of every policy per round, each round in the opposite order of
+-- the one before) so that load from other processes hits every policy alike; a policy's
+-- time ratio ("time x") is the median over rounds
 -- of (its step / none()'s step in the same round), "q25-q75" the quartiles of those
 -- ratios (how noisy the machine was). The load average is printed at the start and end. Step = forward + cross entropy +
 -- backward, timed with remat.now(). Peak = peak_by_category.activation after
@@ -184,23 +185,32 @@ local function measure(task, list, rounds)
   -- its first runs in these steps (same load, same caches), which prices the replays
   C.op_timers(true)
   C.opcost_learn(true)
+  -- each round visits the entries in the opposite order of the one before: where the
+  -- machine slows down within a round (memory bandwidth shared with neighbours), no
+  -- entry is always the one that pays for it
   for r = 1, opts.warmup + rounds do
-    local none_t
-    for i, e in ipairs(list) do
+    local took = {}
+    for j = 1, #list do
+      local i = r % 2 == 1 and j or #list + 1 - j
+      local e = list[i]
       C.op_timers(true) -- clears the totals: this step's replays alone
       local f, b, peak = step(e.model, task)
       e.peaks[#e.peaks + 1] = peak
       local rep = 0
       for _, t in pairs(C.op_timing()) do rep = rep + t.replay_seconds end
-      e.reps = e.reps or {}
-      if r > opts.warmup then
-        e.reps[#e.reps + 1] = rep
-        e.steps[#e.steps + 1] = f + b
-        e.fwds[#e.fwds + 1] = f
-        if i == 1 then none_t = f + b end
-        e.ratios[#e.ratios + 1] = (f + b) / none_t
+      took[i] = { f = f, b = b, rep = rep }
+    end
+    if r > opts.warmup then
+      local none_t = took[1].f + took[1].b
+      for i, e in ipairs(list) do
+        local t = took[i]
+        e.reps = e.reps or {}
+        e.reps[#e.reps + 1] = t.rep
+        e.steps[#e.steps + 1] = t.f + t.b
+        e.fwds[#e.fwds + 1] = t.f
+        e.ratios[#e.ratios + 1] = (t.f + t.b) / none_t
         e.overs = e.overs or {}
-        e.overs[#e.overs + 1] = (f + b) - none_t
+        e.overs[#e.overs + 1] = (t.f + t.b) - none_t
       end
     end
     io.write(("  %s round %d/%d done (%.0f s elapsed)\n"):format(task.name, r, opts.warmup + rounds, remat.now() - t_start))

@@ -213,14 +213,17 @@ def measure(name, model, x, y, vocab, a, rounds):
         fn = forward_fn(model, pol, name == "gpt")
         step(model, fn, x, y, vocab)  # allocates parameter gradients
         rows.append(dict(key=key, label=label, fn=fn, peak=peak_bytes(model, fn, x, y, vocab), times=[], ratios=[]))
+    # each round in the opposite order of the one before (as bench/checkpoint.lua)
     for r in range(a["warmup"] + rounds):
-        none_t = None
-        for row in rows:
-            f, b = step(model, row["fn"], x, y, vocab)
-            if r >= a["warmup"]:
-                none_t = none_t or f + b
-                row["times"].append(f + b)
-                row["ratios"].append((f + b) / none_t)
+        took = [None] * len(rows)
+        for j in range(len(rows)):
+            i = j if r % 2 == 0 else len(rows) - 1 - j
+            f, b = step(model, rows[i]["fn"], x, y, vocab)
+            took[i] = f + b
+        if r >= a["warmup"]:
+            for row, t in zip(rows, took):
+                row["times"].append(t)
+                row["ratios"].append(t / took[0])
         print("NOTE\t%s round %d/%d done" % (name, r + 1, a["warmup"] + rounds), flush=True)
     for row in rows:
         print("RESULT\t%s\t%s\t%s\t%.6f\t%.6f\t%d\t%.6f\t%.6f\t%.6f" % (name, row["key"], row["label"],
