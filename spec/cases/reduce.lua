@@ -328,6 +328,23 @@ return function(K)
         local y = { nan, 1, 2, 3, 4, 5, 6, 7, 8 }  -- NaN on the diagonal: row 1 is NaN, the rest is not
         got = C.flat(op(name, { dim = 1, causal = true }, K.tensor(y, { 3, 3 })))
         assert(got[1] ~= got[1] and got[4] == got[4] and got[9] == got[9], "a live NaN poisons its row only")
+        -- rows of 40: the float32 kernel takes 16 columns at a time, masking the lanes
+        -- past a row's last live column, then the last 8 one by one
+        local T = 40
+        local z = stored(T * T, -3, 3)
+        local function at(i, j) return i * T + j + 1 end  -- 0-based row i, column j
+        for j = 21, 31 do z[at(20, j)] = nan end  -- masked lanes of row 20's second chunk
+        z[at(34, 39)] = nan                       -- masked, in the one-by-one columns
+        z[at(36, 33)] = nan                       -- live, in the one-by-one columns
+        z[at(25, 17)] = inf                       -- live +inf: NaN row
+        got = C.flat(op(name, { dim = 1, scale = 0.5, causal = true }, K.tensor(z, { T, T })))
+        for i = 0, T - 1 do
+          local poisoned = i == 36 or i == 25
+          for j = 0, T - 1 do
+            local g = got[at(i, j)]
+            assert((g ~= g) == poisoned, ("row %d col %d: %s"):format(i, j, g))
+          end
+        end
       end,
       ["causal needs (..., T, T) and the last dim; scale must be finite"] = function()
         raises("must be (..., T, T)", op, name, { dim = -1, causal = true }, (rand({ 3, 4 })))
