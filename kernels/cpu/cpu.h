@@ -71,6 +71,9 @@ void rm_cpu_gemm(rm_ctx *ctx, rm_cpu_blas *b, rm_dtype dt, int ta, int tb, int64
 /* Whether this CPU has AVX2 and REMAT_NO_AVX2 is not set (kernels/cpu/dropout.c picks
  * its path by it; the variable lets the specs check the portable path on any machine). */
 bool rm_cpu_avx2(rm_ctx *ctx);
+/* Whether it also has AVX-512 (F) and REMAT_NO_AVX512 is not set (dropout's float32
+ * path; the variable lets the specs check the AVX2 path on an AVX-512 machine). */
+bool rm_cpu_avx512(rm_ctx *ctx);
 
 /* Rows for OpenMP: only parallelise loops worth a thread. */
 #define RM_CPU_PAR_MIN 32768

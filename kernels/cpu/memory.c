@@ -31,6 +31,7 @@ typedef struct cpu_state {
   size_t peak_in_use;    /* high-water mark of held - cached */
   rm_cpu_blas blas;      /* the BLAS this context calls (kernels/cpu/blas.c) */
   bool avx2;             /* kernels with an AVX2 path may take it (rm_cpu_avx2) */
+  bool avx512;           /* ... and an AVX-512 one (rm_cpu_avx512) */
 } cpu_state;
 
 static cpu_state *state(rm_ctx *ctx) { return ctx->backend_state[RM_CPU]; }
@@ -76,6 +77,9 @@ int rm_cpu_init(rm_ctx *ctx, void **st) {
 #if defined(__x86_64__) && defined(__GNUC__)
   const char *no = getenv("REMAT_NO_AVX2");
   ((cpu_state *)*st)->avx2 = __builtin_cpu_supports("avx2") && !(no && *no && strcmp(no, "0") != 0);
+  const char *no512 = getenv("REMAT_NO_AVX512");
+  ((cpu_state *)*st)->avx512 = ((cpu_state *)*st)->avx2 && __builtin_cpu_supports("avx512f") &&
+                               !(no512 && *no512 && strcmp(no512, "0") != 0);
 #endif
   return RM_OK;
 }
@@ -83,6 +87,8 @@ int rm_cpu_init(rm_ctx *ctx, void **st) {
 rm_cpu_blas *rm_cpu_blas_of(rm_ctx *ctx) { return &state(ctx)->blas; }
 
 bool rm_cpu_avx2(rm_ctx *ctx) { return state(ctx)->avx2; }
+
+bool rm_cpu_avx512(rm_ctx *ctx) { return state(ctx)->avx512; }
 
 int rm_cpu_runtime_info(rm_ctx *ctx, rm_info *info) {
   rm_cpu_blas_report(rm_cpu_blas_of(ctx), info);

@@ -244,6 +244,17 @@ return function(K)
         pipe:close()
         assert(out:find("portable ok", 1, true), "the portable kernel: " .. out)
       end,
+      ["the AVX2 kernel (REMAT_NO_AVX512, on an AVX-512 machine) gives the same bits"] = function()
+        if K.device ~= "cpu" then return end
+        local script = ("local C = require('remat')._C; local K = require('support.kit').new(%q, 'cpu'); "
+          .. "require('cases.random')(K).dropout.forward['bits of the kernels at odd sizes and p, zeros, -0, NaN, inf, forward and backward'](); "
+          .. "print('avx2 ok')"):format(K.dtype)
+        local exe = (os.getenv("REMAT_BUILD") or "build") .. "/remat"
+        local pipe = assert(io.popen(("env REMAT_NO_AVX512=1 %s -e %q 2>&1"):format(exe, script)))
+        local out = pipe:read("a")
+        pipe:close()
+        assert(out:find("avx2 ok", 1, true), "the AVX2 kernel: " .. out)
+      end,
       ["p = 0 is the identity (NaN and inf included)"] = function()
         local v = { 1.5, -2, 0 / 0, math.huge, -math.huge, 0 }
         same_bits(flat(dropout(K.tensor(v, { 6 }), 0)), flat(K.tensor(v, { 6 })), "dropout p=0")
