@@ -8,13 +8,9 @@
 
 #include "cpu.h"
 #include "fastmath.h"
+#include "lanes.h"
 
 #include "../../core/ops.h"
-
-/* The softmax rows' GCC vectors (sm_f16) pass between static always-inline functions
- * only, so no call's ABI depends on the ISA (GCC reports where it would, at the end of
- * the file, for the versions built without AVX-512). */
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 #define BLK 64                 /* columns accumulated together (fits in registers/L1) */
 #define SEG_CHUNK (1 << 16)    /* fixed chunk of a long contiguous sum */
@@ -349,47 +345,6 @@ RM_CPU_KERNEL(argmax) {
     }                                                                               \
   }
 
-/* A row's max and sum, 16 floats at a time as one GCC vector (each ISA version lowers it
- * to its own registers: one AVX-512 register, two AVX2 ones), folded by halves at the
- * end. An omp simd reduction kept its lanes in memory and folded them one after another
- * (16 dependent maxss, 8 dependent addsd a row), most of a short causal row's time. */
-typedef float sm_f16 __attribute__((vector_size(64)));
-typedef int32_t sm_i16 __attribute__((vector_size(64)));
-typedef double sm_d8 __attribute__((vector_size(64)));
-
-/* max(a, b) lane by lane; a NaN in b never wins (the compare is false). */
-RM_FM_INLINE sm_f16 sm_max_(sm_f16 a, sm_f16 b) {
-  sm_i16 gt = b > a;
-  return (sm_f16)(((sm_i16)b & gt) | ((sm_i16)a & ~gt));
-}
-
-RM_FM_INLINE float sm_fold_max_(sm_f16 v) {
-  v = sm_max_(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
-  v = sm_max_(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3));
-  v = sm_max_(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
-  v = sm_max_(v, __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));
-  return v[0];
-}
-
-/* The sum in double of y[0, p) (16 at a time, then the rest one by one). */
-RM_FM_INLINE double sm_sum_(const float *y, int64_t p) {
-  sm_d8 lo = { 0 }, hi = { 0 };
-  int64_t q = p & ~(int64_t)15, k = 0;
-  for (; k < q; k += 16) {
-    sm_f16 v;
-    memcpy(&v, y + k, sizeof v);
-    lo += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), sm_d8);
-    hi += __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), sm_d8);
-  }
-  sm_d8 s = lo + hi;
-  s += __builtin_shufflevector(s, s, 4, 5, 6, 7, 0, 1, 2, 3);
-  s += __builtin_shufflevector(s, s, 2, 3, 0, 1, 2, 3, 0, 1);
-  s += __builtin_shufflevector(s, s, 1, 0, 1, 0, 1, 0, 1, 0);
-  double sum = s[0];
-  for (; k < p; k++) sum += y[k];
-  return sum;
-}
-
 /* Rounds a row's live length up to a multiple of 16 within the row (n): the SIMD loops
  * over the prefix then need no scalar remainder (16 floats is one AVX-512 vector, two
  * AVX2 ones); scalar remainders of up to 15 elements a loop were most of a short row's
@@ -434,7 +389,7 @@ RM_FM_INLINE void softmax_prefix_f32_(const float *z, float *y, int64_t n, int64
   }
   _Pragma("omp simd")
   for (int64_t k = 0; k < p; k++) y[k] = rm_expf(z[k] - m);
-  float inv = (float)(1.0 / sm_sum_(y, p));
+  float inv = (float)(1.0 / rm_lanes_sum(y, p));
   _Pragma("omp simd")
   for (int64_t k = 0; k < p; k++) y[k] *= inv;
   float tail = 0.0f * inv;
@@ -451,14 +406,9 @@ RM_FM_INLINE void softmax_prefix_f32_(const float *z, float *y, int64_t n, int64
 RM_FM_INLINE void softmax_row_f32_(const float *restrict x, float *restrict y, int64_t n, bool logmode) {
   int64_t p = softmax_live_len_(x, n), q = p & ~(int64_t)15, k = 0;
   /* a NaN never wins the max: its exp makes the row NaN */
-  sm_f16 mv;
-  for (int j = 0; j < 16; j++) mv[j] = -INFINITY;
-  for (; k < q; k += 16) {
-    sm_f16 v;
-    memcpy(&v, x + k, sizeof v);
-    mv = sm_max_(mv, v);
-  }
-  float m = sm_fold_max_(mv);
+  rm_lf16 mv = rm_lanes_splat(-INFINITY);
+  for (; k < q; k += 16) mv = rm_lanes_max(mv, rm_lanes_load(x + k));
+  float m = rm_lanes_fold_max(mv);
   for (; k < p; k++) m = x[k] > m ? x[k] : m;
   softmax_prefix_f32_(x, y, n, p, m, logmode);
 }
@@ -472,20 +422,18 @@ RM_FM_INLINE void softmax_row_f32_(const float *restrict x, float *restrict y, i
 RM_FM_INLINE void softmax_row_scaled_f32_(const float *restrict x, float *restrict y, int64_t n,
                                           bool logmode, float sc, int64_t live) {
   int64_t p = softmax_pad_(live, n), q = p & ~(int64_t)15, k = 0;
-  sm_f16 mv, scv, ninf;
-  sm_i16 lane;
-  for (int j = 0; j < 16; j++) mv[j] = ninf[j] = -INFINITY, scv[j] = sc, lane[j] = j;
+  rm_lf16 ninf = rm_lanes_splat(-INFINITY), mv = ninf, scv = rm_lanes_splat(sc);
+  rm_li16 lane;
+  for (int j = 0; j < 16; j++) lane[j] = j;
   for (; k < q; k += 16) {
-    sm_f16 v;
-    memcpy(&v, x + k, sizeof v);
-    v *= scv;
+    rm_lf16 v = rm_lanes_load(x + k) * scv;
     int64_t d = live - k;                                  /* live lanes of this chunk */
-    sm_i16 in = lane < (int32_t)(d < 0 ? 0 : d > 16 ? 16 : d);
-    v = (sm_f16)(((sm_i16)v & in) | ((sm_i16)ninf & ~in));
+    rm_li16 in = lane < (int32_t)(d < 0 ? 0 : d > 16 ? 16 : d);
+    v = (rm_lf16)(((rm_li16)v & in) | ((rm_li16)ninf & ~in));
     memcpy(y + k, &v, sizeof v);
-    mv = sm_max_(mv, v);
+    mv = rm_lanes_max(mv, v);
   }
-  float m = sm_fold_max_(mv);
+  float m = rm_lanes_fold_max(mv);
   for (; k < p; k++) {
     float v = k < live ? x[k] * sc : -INFINITY;
     y[k] = v;
