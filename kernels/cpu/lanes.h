@@ -75,4 +75,18 @@ RM_FM_INLINE double rm_lanes_sum(const float *y, int64_t n) {
   return sum;
 }
 
+/* The sum in double of the float products a[k] * b[k], k in [0, n). */
+RM_FM_INLINE double rm_lanes_dot(const float *a, const float *b, int64_t n) {
+  rm_ld8 lo = { 0 }, hi = { 0 };
+  int64_t q = n & ~(int64_t)15, k = 0;
+  for (; k < q; k += 16) {
+    rm_lf16 v = rm_lanes_load(a + k) * rm_lanes_load(b + k);
+    lo += rm_lanes_lo(v);
+    hi += rm_lanes_hi(v);
+  }
+  double sum = rm_lanes_fold_sum(lo + hi);
+  for (; k < n; k++) sum += a[k] * b[k];
+  return sum;
+}
+
 #endif

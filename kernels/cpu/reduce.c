@@ -525,25 +525,20 @@ RM_CPU_KERNEL(log_softmax) {
     for (int64_t k = (live); k < n; k++) dp[k * s] = 0;                             \
   }
 
-/* float32 backward of one contiguous row (s == 1), as SOFTMAX_BW_BODY with the sum as
- * a SIMD reduction (still in double; its order is fixed per row, so replays match),
- * compiled per ISA; strided columns run SOFTMAX_BW_BODY itself. An unscaled full row
+/* float32 backward of one contiguous row (s == 1), as SOFTMAX_BW_BODY with the sum
+ * over vector lanes (lanes.h; still in double, its order fixed per row, so replays
+ * match), compiled per ISA; strided columns run SOFTMAX_BW_BODY itself. An unscaled full row
  * skips the multiply. */
 RM_FM_MULTIVERSION(void, softmax_bw_row_f32,
                    (const float *restrict y, const float *restrict g, float *restrict dx, int64_t n,
                     bool logmode, float sc, int64_t live),
                    (y, g, dx, n, logmode, sc, live), {
-  double acc = 0;
   if (logmode) {
-    _Pragma("omp simd reduction(+:acc)")
-    for (int64_t k = 0; k < live; k++) acc += g[k];
-    float sv = (float)acc;
+    float sv = (float)rm_lanes_sum(g, live);
     _Pragma("omp simd")
     for (int64_t k = 0; k < live; k++) dx[k] = g[k] - rm_expf(y[k]) * sv;
   } else {
-    _Pragma("omp simd reduction(+:acc)")
-    for (int64_t k = 0; k < live; k++) acc += g[k] * y[k];
-    float sv = (float)acc;
+    float sv = (float)rm_lanes_dot(g, y, live);
     _Pragma("omp simd")
     for (int64_t k = 0; k < live; k++) dx[k] = y[k] * (g[k] - sv);
   }
@@ -551,6 +546,7 @@ RM_FM_MULTIVERSION(void, softmax_bw_row_f32,
     _Pragma("omp simd")
     for (int64_t k = 0; k < live; k++) dx[k] *= sc;
   }
+  _Pragma("omp simd")
   for (int64_t k = live; k < n; k++) dx[k] = 0;
 })
 
