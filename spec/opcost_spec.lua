@@ -230,9 +230,12 @@ describe("the cache credit", function()
     assert.are.equal(limited.limit, after.limit)
     assert.are.same(limited.peak_by_category, after.peak_by_category)
     assert(cr.act >= 0 and cr.param >= 0, "negative rates")
-    -- 64 MiB outgrows the caches of the machines this project runs on (16 MiB of L3):
-    -- the probe ran and found memory slower than cache (a rate of 0 would mean it did not)
-    assert(cr.act > 0, "no round-trip rate measured")
+    -- 64 MiB outgrows the caches of the machines this project runs on (16-32 MiB of L3):
+    -- the probe ran and found memory slower than cache (a rate of 0 would mean it did
+    -- not). Not under check-mem: its probe loops, instrumented at -O1, are bound by
+    -- their own checks, not by memory, and read cold and hot alike.
+    local sanitized = (os.getenv("LD_PRELOAD") or ""):find("libasan", 1, true)
+    if not sanitized then assert(cr.act > 0, "no round-trip rate measured") end
     assert.are.equal(7, #cr.cold)
     for i = 1, 7 do assert(cr.cold[i] >= 0 and cr.cold[i] <= 1, "share " .. i .. ": " .. cr.cold[i]) end
     assert.are.equal(1, cr.cold[7])   -- the largest probe pays the whole rate by definition
