@@ -14,9 +14,9 @@
 -- N, step time against budget, and the time-memory frontier of each model.
 --
 -- Method. One model per policy, all built from the same seed (same weights); steps are
--- interleaved (one step of every policy per round, each round in the opposite order of
--- the one before) so that load from other processes hits every policy alike; a policy's
--- time ratio ("time x") is the median over rounds
+-- interleaved (one step of every policy per round, each round starting one policy later
+-- than the one before) so that load from other processes hits every policy alike; a
+-- policy's time ratio ("time x") is the median over rounds
 -- of (its step / none()'s step in the same round), "q25-q75" the quartiles of those
 -- ratios (how noisy the machine was). The load average is printed at the start and end. Step = forward + cross entropy +
 -- backward, timed with remat.now(). Peak = peak_by_category.activation after
@@ -185,13 +185,14 @@ local function measure(task, list, rounds)
   -- its first runs in these steps (same load, same caches), which prices the replays
   C.op_timers(true)
   C.opcost_learn(true)
-  -- each round visits the entries in the opposite order of the one before: where the
+  -- each round starts one entry later than the one before and wraps around: where the
   -- machine slows down within a round (memory bandwidth shared with neighbours), no
-  -- entry is always the one that pays for it
+  -- entry is always the one that pays for it, and none runs twice in a row (as the
+  -- ends of a list visited forth and back would)
   for r = 1, opts.warmup + rounds do
     local took = {}
     for j = 1, #list do
-      local i = r % 2 == 1 and j or #list + 1 - j
+      local i = (r - 1 + j - 1) % #list + 1
       local e = list[i]
       C.op_timers(true) -- clears the totals: this step's replays alone
       local f, b, peak = step(e.model, task)

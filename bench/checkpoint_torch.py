@@ -213,11 +213,11 @@ def measure(name, model, x, y, vocab, a, rounds):
         fn = forward_fn(model, pol, name == "gpt")
         step(model, fn, x, y, vocab)  # allocates parameter gradients
         rows.append(dict(key=key, label=label, fn=fn, peak=peak_bytes(model, fn, x, y, vocab), times=[], ratios=[]))
-    # each round in the opposite order of the one before (as bench/checkpoint.lua)
+    # each round starts one policy later than the one before (as bench/checkpoint.lua)
     for r in range(a["warmup"] + rounds):
         took = [None] * len(rows)
         for j in range(len(rows)):
-            i = j if r % 2 == 0 else len(rows) - 1 - j
+            i = (r + j) % len(rows)
             f, b = step(model, rows[i]["fn"], x, y, vocab)
             took[i] = f + b
         if r >= a["warmup"]:

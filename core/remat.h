@@ -132,6 +132,8 @@ typedef struct rm_info {
   char omp_wait[64];       /* libgomp's wait policy as set in the environment: "GOMP_SPINCOUNT=1000
                               (set by the remat command)", "OMP_WAIT_POLICY=passive", or
                               "libgomp default (spins 300000 times, then sleeps)" */
+  char vector_path[16];    /* the CPU kernels' hand-vectorised path (dropout): "avx512", "avx2"
+                              or "portable" (REMAT_NO_AVX512=1, REMAT_NO_AVX2=1 step down) */
 } rm_info;
 /* Fills *info (opening the CPU backend, and its BLAS, if not done yet). Returns RM_OK
  * or an error status. */

@@ -275,15 +275,15 @@ static int l_now(lua_State *L) {
 }
 
 /* C.runtime_info() -> { version=, blas=, blas_core=, blas_core_from=, blas_path=,
- * threads=, simd=, blas_generic=, blas_openmp=, omp_wait= } (rm_get_info) */
+ * threads=, simd=, blas_generic=, blas_openmp=, omp_wait=, vector_path= } (rm_get_info) */
 static int l_runtime_info(lua_State *L) {
   rm_info r;
   if (rm_get_info(rm_lua_ctx(L), &r) != RM_OK) return rm_lua_fail(L, "info");
-  lua_createtable(L, 0, 10);
+  lua_createtable(L, 0, 11);
   const struct { const char *k, *v; } str[] = {
     { "version", r.version }, { "blas", r.blas }, { "blas_core", r.blas_core },
     { "blas_core_from", r.blas_core_from }, { "blas_path", r.blas_path }, { "simd", r.simd },
-    { "omp_wait", r.omp_wait } };
+    { "omp_wait", r.omp_wait }, { "vector_path", r.vector_path } };
   for (size_t i = 0; i < sizeof str / sizeof str[0]; i++) {
     lua_pushstring(L, str[i].v);
     lua_setfield(L, -2, str[i].k);

@@ -89,9 +89,10 @@ static void print_version(lua_State *L) {
   printf("remat %s (%s)\n", REMAT_VERSION, LUA_RELEASE);
   rm_info r;
   if (rm_get_info(rm_lua_context(L), &r) != RM_OK) return;
-  printf("blas: %s, core %s (%s)%s%s\nthreads: %d (OpenMP%s), simd: %s\nomp wait: %s\n", r.blas,
-         r.blas_core, r.blas_core_from, r.blas_path[0] ? ", " : "", r.blas_path, r.threads,
-         r.blas_openmp ? ", shared with the BLAS" : "; the BLAS keeps its own", r.simd, r.omp_wait);
+  printf("blas: %s, core %s (%s)%s%s\nthreads: %d (OpenMP%s), simd: %s (kernels' own: %s)\nomp wait: %s\n",
+         r.blas, r.blas_core, r.blas_core_from, r.blas_path[0] ? ", " : "", r.blas_path, r.threads,
+         r.blas_openmp ? ", shared with the BLAS" : "; the BLAS keeps its own", r.simd, r.vector_path,
+         r.omp_wait);
 }
 
 /* The OpenMP wait policy (README, "CPU speed"). By default libgomp's idle threads spin

@@ -35,6 +35,8 @@ describe("remat.info()", function()
     assert.are.equal("boolean", type(i.cuda))
     assert.are.equal("boolean", type(i.blas_generic))
     assert.are.equal("string", type(i.omp_wait))
+    assert.is_truthy(({ avx512 = 1, avx2 = 1, portable = 1 })[i.vector_path], i.vector_path)
+    if i.simd ~= "avx512" then assert.are_not.equal("avx512", i.vector_path) end
   end)
 
   it("the default build runs OpenBLAS's OpenMP build, with kernels for this CPU, no variables set", function()

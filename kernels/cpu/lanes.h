@@ -19,6 +19,18 @@
 typedef float rm_lf16 __attribute__((vector_size(64)));
 typedef int32_t rm_li16 __attribute__((vector_size(64)));
 typedef double rm_ld8 __attribute__((vector_size(64)));
+typedef float rm_lf8 __attribute__((vector_size(32)));
+typedef int64_t rm_ll8 __attribute__((vector_size(64)));
+
+/* v's lanes permuted (index lists of v's own length): GCC 12 and clang have
+ * __builtin_shufflevector; older GCC has __builtin_shuffle with an index vector. */
+#if defined(__clang__) || __GNUC__ >= 12
+#define RM_LANES_SHUF16(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#define RM_LANES_SHUF8(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define RM_LANES_SHUF16(v, ...) __builtin_shuffle(v, (rm_li16){ __VA_ARGS__ })
+#define RM_LANES_SHUF8(v, ...) __builtin_shuffle(v, (rm_ll8){ __VA_ARGS__ })
+#endif
 
 RM_FM_INLINE rm_lf16 rm_lanes_load(const float *p) {
   rm_lf16 v;
@@ -39,25 +51,30 @@ RM_FM_INLINE rm_lf16 rm_lanes_max(rm_lf16 a, rm_lf16 b) {
 }
 
 RM_FM_INLINE float rm_lanes_fold_max(rm_lf16 v) {
-  v = rm_lanes_max(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
-  v = rm_lanes_max(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3));
-  v = rm_lanes_max(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
-  v = rm_lanes_max(v, __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));
+  v = rm_lanes_max(v, RM_LANES_SHUF16(v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  v = rm_lanes_max(v, RM_LANES_SHUF16(v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3));
+  v = rm_lanes_max(v, RM_LANES_SHUF16(v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
+  v = rm_lanes_max(v, RM_LANES_SHUF16(v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));
   return v[0];
 }
 
-/* The low and high 8 lanes of v in double. */
+/* The low and high 8 lanes of v in double (the halves taken by memcpy, which compiles
+ * to a register extract). */
 RM_FM_INLINE rm_ld8 rm_lanes_lo(rm_lf16 v) {
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), rm_ld8);
+  rm_lf8 h;
+  memcpy(&h, &v, sizeof h);
+  return __builtin_convertvector(h, rm_ld8);
 }
 RM_FM_INLINE rm_ld8 rm_lanes_hi(rm_lf16 v) {
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), rm_ld8);
+  rm_lf8 h;
+  memcpy(&h, (const char *)&v + sizeof h, sizeof h);
+  return __builtin_convertvector(h, rm_ld8);
 }
 
 RM_FM_INLINE double rm_lanes_fold_sum(rm_ld8 s) {
-  s += __builtin_shufflevector(s, s, 4, 5, 6, 7, 0, 1, 2, 3);
-  s += __builtin_shufflevector(s, s, 2, 3, 0, 1, 2, 3, 0, 1);
-  s += __builtin_shufflevector(s, s, 1, 0, 1, 0, 1, 0, 1, 0);
+  s += RM_LANES_SHUF8(s, 4, 5, 6, 7, 0, 1, 2, 3);
+  s += RM_LANES_SHUF8(s, 2, 3, 0, 1, 2, 3, 0, 1);
+  s += RM_LANES_SHUF8(s, 1, 0, 1, 0, 1, 0, 1, 0);
   return s[0];
 }
 

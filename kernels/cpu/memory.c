@@ -92,6 +92,8 @@ bool rm_cpu_avx512(rm_ctx *ctx) { return state(ctx)->avx512; }
 
 int rm_cpu_runtime_info(rm_ctx *ctx, rm_info *info) {
   rm_cpu_blas_report(rm_cpu_blas_of(ctx), info);
+  snprintf(info->vector_path, sizeof info->vector_path, "%s",
+           state(ctx)->avx512 ? "avx512" : state(ctx)->avx2 ? "avx2" : "portable");
   return RM_OK;
 }
 

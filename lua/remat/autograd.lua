@@ -70,7 +70,8 @@ function remat.cuda.profile(reset) return C.cuda_profile(reset) end
 
 -- What runs: version, blas (library), blas_core (its kernels), blas_core_from (who chose
 -- them), blas_path, threads (OpenMP, BLAS included), simd (the CPU's level), omp_wait
--- (libgomp's wait policy as the environment set it; lua/main.c), cuda.
+-- (libgomp's wait policy as the environment set it; lua/main.c), vector_path (the CPU
+-- kernels' hand-vectorised path: "avx512", "avx2" or "portable"), cuda.
 function remat.info()
   local t = C.runtime_info()
   t.cuda = remat.cuda.available()

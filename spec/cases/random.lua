@@ -236,6 +236,7 @@ return function(K)
       ["the portable kernel (REMAT_NO_AVX2) gives the same bits"] = function()
         if K.device ~= "cpu" then return end -- a CPU path; the case above checks this device
         local script = ("local C = require('remat')._C; local K = require('support.kit').new(%q, 'cpu'); "
+          .. "assert(require('remat').info().vector_path == 'portable', 'REMAT_NO_AVX2 was ignored'); "
           .. "require('cases.random')(K).dropout.forward['bits of the kernels at odd sizes and p, zeros, -0, NaN, inf, forward and backward'](); "
           .. "print('portable ok')"):format(K.dtype)
         local exe = (os.getenv("REMAT_BUILD") or "build") .. "/remat"
@@ -246,7 +247,9 @@ return function(K)
       end,
       ["the AVX2 kernel (REMAT_NO_AVX512, on an AVX-512 machine) gives the same bits"] = function()
         if K.device ~= "cpu" then return end
+        if K.dtype ~= "float32" then return end -- float64 has no AVX-512 path
         local script = ("local C = require('remat')._C; local K = require('support.kit').new(%q, 'cpu'); "
+          .. "assert(require('remat').info().vector_path ~= 'avx512', 'REMAT_NO_AVX512 was ignored'); "
           .. "require('cases.random')(K).dropout.forward['bits of the kernels at odd sizes and p, zeros, -0, NaN, inf, forward and backward'](); "
           .. "print('avx2 ok')"):format(K.dtype)
         local exe = (os.getenv("REMAT_BUILD") or "build") .. "/remat"
