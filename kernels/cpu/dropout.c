@@ -126,13 +126,20 @@ AVX2_INLINE void philox_round(__m256i s[4], __m256i k0, __m256i k1) {
   s[3] = lo0;
 }
 
-/* The 10 rounds' keys, broadcast (computed once per call: fewer live registers). */
-AVX2_INLINE void philox_keys(uint64_t key, __m256i kv[20]) {
+/* The 10 rounds' key words, k[2 round] and k[2 round + 1], for the vector paths to
+ * broadcast once per call (fewer live registers). */
+static inline void philox_round_keys(uint64_t key, uint32_t k[20]) {
   uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
   for (int round = 0; round < 10; round++, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
-    kv[2 * round] = _mm256_set1_epi32((int)k0);
-    kv[2 * round + 1] = _mm256_set1_epi32((int)k1);
+    k[2 * round] = k0;
+    k[2 * round + 1] = k1;
   }
+}
+
+AVX2_INLINE void philox_keys(uint64_t key, __m256i kv[20]) {
+  uint32_t k[20];
+  philox_round_keys(key, k);
+  for (int i = 0; i < 20; i++) kv[i] = _mm256_set1_epi32((int)k[i]);
 }
 
 /* Philox4x32-10 of one group, or of two (interleaved: they hide the multiplies'
@@ -257,8 +264,8 @@ AVX512_INLINE void philox16_round(__m512i s[4], __m512i k0, __m512i k1) {
   s[3] = lo0;
 }
 
-/* Philox4x32-10 of two groups, interleaved (they hide the multiplies' latency); the
- * rounds' keys come from philox_keys' broadcasts, widened. */
+/* Philox4x32-10 of two groups, interleaved (they hide the multiplies' latency); kv:
+ * philox_round_keys' words, broadcast. */
 AVX512_INLINE void philox16_two(uint64_t ca, uint64_t cb, const __m512i kv[20], __m512i a[4], __m512i b[4]) {
   philox16_init(ca, a);
   philox16_init(cb, b);
@@ -298,11 +305,9 @@ AVX512_FN void dropout_groups_f32_avx512(const float *px, float *po, uint64_t se
   const __m512i vthr = _mm512_set1_epi32((int)thr);
   const __m512 vscale = _mm512_set1_ps(scale);
   __m512i kv[20], s0[4], s1[4];
-  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-  for (int round = 0; round < 10; round++, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
-    kv[2 * round] = _mm512_set1_epi32((int)k0);
-    kv[2 * round + 1] = _mm512_set1_epi32((int)k1);
-  }
+  uint32_t k[20];
+  philox_round_keys(seed, k);
+  for (int i = 0; i < 20; i++) kv[i] = _mm512_set1_epi32((int)k[i]);
   int64_t held = -1; /* a group waiting for a second one */
   for (int64_t j = j0; j < j0 + ng; j++) {
     if (copy_zeros16_f32(px + 64 * j, po + 64 * j)) continue;

@@ -375,8 +375,8 @@ RM_FM_INLINE int64_t softmax_live_len_(const float *x, int64_t n) {
  * prefix, then y[0, n) (the entries from p on are -inf: 0 * inv, or -inf - lse in log
  * mode). z may be y itself (a row already written there), hence no restrict. */
 RM_FM_INLINE void softmax_prefix_f32_(const float *z, float *y, int64_t n, int64_t p, float m, bool logmode) {
-  double sum = 0;
   if (logmode) {
+    double sum = 0;
     _Pragma("omp simd reduction(+:sum)")
     for (int64_t k = 0; k < p; k++) sum += rm_expf(z[k] - m);
     float lse = m + logf((float)sum);

@@ -214,6 +214,21 @@ return function(K)
     end
   end
 
+  -- The bit sweep above in another process with variable `var` set to 1: its
+  -- remat.info().vector_path must compare as `path_test` (a Lua comparison, so that an
+  -- ignored variable fails), and the sweep must pass there; `what` names the path.
+  local function bits_under(var, path_test, what)
+    local script = ("local C = require('remat')._C; local K = require('support.kit').new(%q, 'cpu'); "
+      .. "assert(require('remat').info().vector_path %s, '%s was ignored'); "
+      .. "require('cases.random')(K).dropout.forward['bits of the kernels at odd sizes and p, zeros, -0, NaN, inf, forward and backward'](); "
+      .. "print('path ok')"):format(K.dtype, path_test, var)
+    local exe = (os.getenv("REMAT_BUILD") or "build") .. "/remat"
+    local pipe = assert(io.popen(("env %s=1 %s -e %q 2>&1"):format(var, exe, script)))
+    local out = pipe:read("a")
+    pipe:close()
+    assert(out:find("path ok", 1, true), what .. ": " .. out)
+  end
+
   cases.dropout = {
     forward = {
       ["matches the Philox mask, odd sizes"] = function()
@@ -235,28 +250,12 @@ return function(K)
       end,
       ["the portable kernel (REMAT_NO_AVX2) gives the same bits"] = function()
         if K.device ~= "cpu" then return end -- a CPU path; the case above checks this device
-        local script = ("local C = require('remat')._C; local K = require('support.kit').new(%q, 'cpu'); "
-          .. "assert(require('remat').info().vector_path == 'portable', 'REMAT_NO_AVX2 was ignored'); "
-          .. "require('cases.random')(K).dropout.forward['bits of the kernels at odd sizes and p, zeros, -0, NaN, inf, forward and backward'](); "
-          .. "print('portable ok')"):format(K.dtype)
-        local exe = (os.getenv("REMAT_BUILD") or "build") .. "/remat"
-        local pipe = assert(io.popen(("env REMAT_NO_AVX2=1 %s -e %q 2>&1"):format(exe, script)))
-        local out = pipe:read("a")
-        pipe:close()
-        assert(out:find("portable ok", 1, true), "the portable kernel: " .. out)
+        bits_under("REMAT_NO_AVX2", "== 'portable'", "the portable kernel")
       end,
       ["the AVX2 kernel (REMAT_NO_AVX512, on an AVX-512 machine) gives the same bits"] = function()
         if K.device ~= "cpu" then return end
         if K.dtype ~= "float32" then return end -- float64 has no AVX-512 path
-        local script = ("local C = require('remat')._C; local K = require('support.kit').new(%q, 'cpu'); "
-          .. "assert(require('remat').info().vector_path ~= 'avx512', 'REMAT_NO_AVX512 was ignored'); "
-          .. "require('cases.random')(K).dropout.forward['bits of the kernels at odd sizes and p, zeros, -0, NaN, inf, forward and backward'](); "
-          .. "print('avx2 ok')"):format(K.dtype)
-        local exe = (os.getenv("REMAT_BUILD") or "build") .. "/remat"
-        local pipe = assert(io.popen(("env REMAT_NO_AVX512=1 %s -e %q 2>&1"):format(exe, script)))
-        local out = pipe:read("a")
-        pipe:close()
-        assert(out:find("avx2 ok", 1, true), "the AVX2 kernel: " .. out)
+        bits_under("REMAT_NO_AVX512", "~= 'avx512'", "the AVX2 kernel")
       end,
       ["p = 0 is the identity (NaN and inf included)"] = function()
         local v = { 1.5, -2, 0 / 0, math.huge, -math.huge, 0 }
