@@ -4,7 +4,8 @@
  * Two paths compute the same function:
  * - composed: registry ops, so that selective checkpoint policies can name each step
  *   ("matmul", "softmax" with its scale and causal mask, "dropout"); it stores the
- *   (B, heads, T, T) probabilities for backward.
+ *   (B, heads, T, T) probabilities for backward. Both products are triangular (matmul's
+ *   tri attrs): q k^T only on and below the diagonal, p v reading p there only.
  * - fused: the "attention" op in its packed form, on the qkv projection's (B, T, 3d)
  *   output itself: it never stores the T x T matrix (it keeps its output and a per-row
  *   log-sum-exp, and recomputes the probabilities in backward), reads q, k and v in
@@ -74,7 +75,9 @@ static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor 
   STEP(k, rm_transpose(ctx, k, 1, 2));
   STEP(v, rm_transpose(ctx, v, 1, 2));
   STEP(k, rm_transpose(ctx, k, 2, 3));                           /* (B, H, D, T) */
-  att = rm_matmul(ctx, q, k);                                    /* (B, H, T, T) */
+  /* the scores on and below the diagonal only (-inf above it, which the causal softmax
+   * never reads): the CPU computes half the product, and its gradients likewise */
+  att = rm_matmul_tri(ctx, q, k, RM_TRI_OUT, false, true);       /* (B, H, T, T) */
   rm_tensor_drop(ctx, q);
   rm_tensor_drop(ctx, k);
   q = k = NULL;
@@ -82,7 +85,8 @@ static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor 
   /* softmax(causal_mask(scale * scores)) in one op (one pass over the T x T scores) */
   STEP(att, rm_softmax_scaled(ctx, att, 1.0 / sqrt((double)D), true));
   if (m->training && m->cfg_f[0] > 0) STEP(att, rm_dropout(ctx, att, m->cfg_f[0]));
-  STEP(att, rm_matmul(ctx, att, v));                             /* (B, H, T, D) */
+  /* the probabilities are 0 above the diagonal: read as 0 there, not multiplied */
+  STEP(att, rm_matmul_tri(ctx, att, v, RM_TRI_A, false, false)); /* (B, H, T, D) */
   rm_tensor_drop(ctx, v);
   v = NULL;
   STEP(att, rm_transpose(ctx, att, 1, 2));                       /* (B, T, H, D) */

@@ -1,6 +1,10 @@
 /* Matrix products: matmul (1-D, 2-D, batched with broadcast batch dims, numpy's 1-D
- * promotion) and linear (x w^T + b, PyTorch's layout). No attrs. Both kernels take
- * strided inputs, so transposed operands reach BLAS without a copy.
+ * promotion) and linear (x w^T + b, PyTorch's layout). Both kernels take strided
+ * inputs, so transposed operands reach BLAS without a copy. matmul's attrs make one
+ * square matrix of a product triangular (ops.def): the result (causal attention's
+ * scores q k^T, -inf above the diagonal) or an operand read as 0 outside its triangle
+ * (the probabilities in p v); the gradients of such a product are triangular products
+ * too, so the CPU computes only the triangles' part, forward and backward.
  * linear_gelu(x, w[, b]) = gelu_tanh(x w^T + b) in one op: outputs y, then the extra
  * pre-activation x w^T + b, kept for backward (on CUDA both come from one cublasLt
  * matmul with the GELU epilogue; see kernels/cuda/matmul.cu). */
@@ -11,6 +15,16 @@
 rm_tensor *rm_matmul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b) {
   rm_tensor *in[2] = { a, b };
   return rm_op1(ctx, RM_OP_MATMUL, 2, in, NULL);
+}
+
+rm_tensor *rm_matmul_tri(rm_ctx *ctx, rm_tensor *a, rm_tensor *b, int tri, bool upper, bool neg_inf) {
+  rm_tensor *in[2] = { a, b };
+  rm_attrs at;
+  rm_attrs_init(&at);
+  at.matmul.tri = tri;
+  at.matmul.upper = upper;
+  at.matmul.neg_inf = neg_inf;
+  return rm_op1(ctx, RM_OP_MATMUL, 2, in, &at);
 }
 
 rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b) {
@@ -24,6 +38,33 @@ rm_tensor *rm_linear_gelu(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b)
 }
 
 /* ---- matmul ---- */
+
+/* The triangular attrs against operands of shapes s1 (x) and s2 (y). */
+static int check_tri(rm_ctx *ctx, const rm_attrs *at, const rm_tensor *x, const rm_tensor *y,
+                     const char *s1, const char *s2) {
+  const __typeof__(at->matmul) *t = &at->matmul;
+  if (t->tri == RM_TRI_NONE) {
+    if (t->upper || t->neg_inf)
+      return rm_fail(ctx, RM_ERR_ARG, "matmul: upper and neg_inf describe a triangular product: set tri too");
+    return RM_OK;
+  }
+  if (t->tri < RM_TRI_NONE || t->tri > RM_TRI_B)
+    return rm_fail(ctx, RM_ERR_ARG, "matmul: tri must be 0 (none), 1 (the result), 2 (a) or 3 (b), got %lld",
+                   (long long)t->tri);
+  if (t->neg_inf && t->tri != RM_TRI_OUT)
+    return rm_fail(ctx, RM_ERR_ARG, "matmul: neg_inf fills a triangular result (tri = 1), got tri = %lld",
+                   (long long)t->tri);
+  if (x->ndim < 2 || y->ndim < 2)
+    return rm_fail(ctx, RM_ERR_SHAPE, "matmul: a triangular product needs 2-D or batched operands, got shapes %s and %s",
+                   s1, s2);
+  int64_t M = x->shape[x->ndim - 2], K = x->shape[x->ndim - 1], N = y->shape[y->ndim - 1];
+  static const char *const what[] = { "", "the result", "a", "b" };
+  int64_t r = t->tri == RM_TRI_B ? K : M, c = t->tri == RM_TRI_A ? K : N;
+  if (r != c)
+    return rm_fail(ctx, RM_ERR_SHAPE, "matmul: tri = %lld makes %s triangular, which needs it square, got shapes "
+                   "%s and %s (%lld x %lld)", (long long)t->tri, what[t->tri], s1, s2, (long long)r, (long long)c);
+  return RM_OK;
+}
 
 static int matmul_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
   if (rm_check_same_device(ctx, "matmul", nin, in) || rm_check_same_dtype(ctx, "matmul", nin, in))
@@ -50,7 +91,7 @@ static int matmul_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_att
   if (n > RM_MAX_DIM) return rm_fail(ctx, RM_ERR_SHAPE, "matmul: result has more than %d dimensions", RM_MAX_DIM);
   out[0].ndim = n;
   memcpy(out[0].shape, bs, sizeof(int64_t) * (size_t)n);
-  return RM_OK;
+  return a ? check_tri(ctx, a, x, y, s1, s2) : RM_OK;
 }
 
 /* t viewed with its 1-D promotion undone or applied: a (K) -> (1, K), b (K) -> (K, 1). */
@@ -88,8 +129,24 @@ static rm_tensor *fit(rm_ctx *ctx, rm_tensor *g, rm_tensor *like, bool left) {
   return r;
 }
 
+/* The attrs of grad_a = g b^T (ga) and grad_b = a^T g (gb) for a product with t:
+ * the result triangular: g read as 0 outside it in both; a triangular: grad_a is a
+ * triangular result (0 outside), and a^T the other triangle; b likewise. */
+static void grad_tri(const rm_attrs *t, rm_attrs *ga, rm_attrs *gb) {
+  rm_attrs_init(ga);
+  rm_attrs_init(gb);
+  bool u = t->matmul.upper;
+  int64_t tri = t->matmul.tri;
+  if (tri == RM_TRI_NONE) return;
+  ga->matmul.tri = tri == RM_TRI_OUT ? RM_TRI_A : tri == RM_TRI_A ? RM_TRI_OUT : RM_TRI_B;
+  ga->matmul.upper = tri == RM_TRI_B ? !u : u;
+  gb->matmul.tri = tri == RM_TRI_OUT ? RM_TRI_B : tri == RM_TRI_A ? RM_TRI_A : RM_TRI_OUT;
+  gb->matmul.upper = tri == RM_TRI_A ? !u : u;
+}
+
 /* grad_a = g b^T, grad_b = a^T g, each summed over the batch dims its operand was
- * broadcast along (with 1-D operands promoted and g shaped to match). */
+ * broadcast along (with 1-D operands promoted and g shaped to match); a triangular
+ * product's are triangular too (grad_tri). */
 static int matmul_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tensor **gin) {
   rm_tensor *a = n->in[0], *b = n->in[1];
   int64_t gs[RM_MAX_DIM + 2];
@@ -104,12 +161,16 @@ static int matmul_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
   if (b->ndim == 1) gs[gn++] = 1;
   rm_tensor *gp = rm_reshape(ctx, g[0], gn, gs);
   if (!gp) return ctx->err_code;
+  rm_attrs ga, gb;
+  grad_tri(&n->attrs, &ga, &gb);
+  rm_tensor *pair[2];
   int rc = RM_OK;
   if (rm_node_needs_grad(n, 0)) {
     rm_tensor *bd = rm_node_input(ctx, n, 1);
     rm_tensor *bp = bd ? promote(ctx, bd, false) : NULL;
     rm_tensor *bt = bp ? rm_transpose(ctx, bp, -2, -1) : NULL;
-    gin[0] = bt ? fit(ctx, rm_matmul(ctx, gp, bt), a, true) : NULL;
+    pair[0] = gp, pair[1] = bt;
+    gin[0] = bt ? fit(ctx, rm_op1(ctx, RM_OP_MATMUL, 2, pair, &ga), a, true) : NULL;
     rm_tensor_drop(ctx, bp);
     rm_tensor_drop(ctx, bt);
     if (!gin[0]) rc = ctx->err_code;
@@ -118,7 +179,8 @@ static int matmul_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
     rm_tensor *ad = rm_node_input(ctx, n, 0);
     rm_tensor *ap = ad ? promote(ctx, ad, true) : NULL;
     rm_tensor *at = ap ? rm_transpose(ctx, ap, -2, -1) : NULL;
-    gin[1] = at ? fit(ctx, rm_matmul(ctx, at, gp), b, false) : NULL;
+    pair[0] = at, pair[1] = gp;
+    gin[1] = at ? fit(ctx, rm_op1(ctx, RM_OP_MATMUL, 2, pair, &gb), b, false) : NULL;
     rm_tensor_drop(ctx, ap);
     rm_tensor_drop(ctx, at);
     if (!gin[1]) rc = ctx->err_code;
@@ -127,9 +189,16 @@ static int matmul_backward(rm_ctx *ctx, rm_node *n, rm_tensor *const *g, rm_tens
   return rc;
 }
 
-/* 2 M N K per batch: numel(out) = batch M N. */
+/* 2 M N K per batch: numel(out) = batch M N; a triangular product's T (T + 1) / 2 of
+ * the T x T triangle's pairs. */
 static double matmul_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
-  return 2.0 * (double)rm_meta_numel(&out[0]) * (double)in[0]->shape[in[0]->ndim - 1];
+  double f = 2.0 * (double)rm_meta_numel(&out[0]) * (double)in[0]->shape[in[0]->ndim - 1];
+  if (a && a->matmul.tri != RM_TRI_NONE && in[0]->ndim >= 2) {
+    double T = (double)in[0]->shape[in[0]->ndim - (a->matmul.tri == RM_TRI_A ? 1 : 2)];
+    if (a->matmul.tri == RM_TRI_B) T = (double)in[1]->shape[in[1]->ndim - 1];
+    if (T > 0) f *= (T + 1) / (2 * T);
+  }
+  return f;
 }
 
 const rm_op_def rm_opdef_matmul = { .name = "matmul", .nin = 2, .nout = 1, .nvis = 1,

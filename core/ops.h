@@ -64,6 +64,13 @@ rm_tensor *rm_unfold(rm_ctx *ctx, rm_tensor *x, const int64_t geometry[8], doubl
 
 /* matrix products (op_matmul.c) */
 rm_tensor *rm_matmul(rm_ctx *ctx, rm_tensor *a, rm_tensor *b); /* 2-D, batched, broadcast batch */
+/* matmul's triangular products (the attrs tri, upper, neg_inf: core/ops.def): which
+ * square (..., T, T) matrix is triangular */
+enum { RM_TRI_NONE = 0, RM_TRI_OUT = 1, RM_TRI_A = 2, RM_TRI_B = 3 };
+/* a b with one matrix triangular (tri: RM_TRI_OUT, _A or _B; upper: the diagonal and
+ * above; neg_inf: RM_TRI_OUT's entries outside hold -inf, not 0); the CPU computes only
+ * the triangle's part (causal attention's q k^T and p v, and their gradients) */
+rm_tensor *rm_matmul_tri(rm_ctx *ctx, rm_tensor *a, rm_tensor *b, int tri, bool upper, bool neg_inf);
 rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* x w^T + b; b may be NULL */
 rm_tensor *rm_linear_gelu(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* gelu_tanh(x w^T + b) */
 

@@ -36,7 +36,7 @@ describe("op attributes", function()
     assert.equal("dim:int keepdim:bool", attrs_of("sum"))
     assert.equal("eps:real", attrs_of("layernorm"))
     assert.equal("shape:shape", attrs_of("view"))
-    assert.equal("", attrs_of("matmul"))
+    assert.equal("tri:int upper:bool neg_inf:bool", attrs_of("matmul"))
   end)
 
   it("reads attributes by name", function()

@@ -1,13 +1,20 @@
 /* CPU kernels for matmul and linear over the BLAS's GEMM (kernels/cpu/blas.c). Both ops take strided inputs:
  * a matrix whose rows or columns are contiguous (a transpose, a narrow) goes to BLAS as
  * is, with the matching transpose flag and leading dimension; anything else is first
- * copied into a contiguous workspace tensor. */
+ * copied into a contiguous workspace tensor.
+ * A triangular product (matmul's tri attrs, core/ops.def) runs in float32 on AVX-512
+ * through its own tiles, which compute only the triangle's part (tri_f32_avx512);
+ * elsewhere it is the plain product of a masked copy of the triangular operand, or the
+ * plain product masked afterwards (the reference the tiles are checked against). */
 #include <limits.h>
+#include <math.h>
 #include <omp.h>
 #include <string.h>
 
 #include "cpu.h"
+#include <immintrin.h>
 #include "../blas_layout.h"
+#include "../../core/ops.h"
 
 typedef rm_blasmat blasmat;
 
@@ -87,23 +94,247 @@ static void batch_strides(const operand *o, int nb, const int64_t *bshape, int64
   }
 }
 
+
+/* ---- triangular products ---- */
+
+/* fill outside the triangle (the diagonal and below it; above it with upper) of each of
+ * the n contiguous (T x T) matrices at p. */
+static void tri_fill(rm_dtype dt, void *p, int64_t n, int64_t T, bool upper, double fill) {
+  _Pragma("omp parallel for if (n * T * T > RM_CPU_PAR_MIN)")
+  for (int64_t r = 0; r < n * T; r++) {
+    int64_t i = r % T, lo = upper ? 0 : i + 1, hi = upper ? i : T;
+    if (dt == RM_F64) {
+      double *row = (double *)p + r * T;
+      for (int64_t j = lo; j < hi; j++) row[j] = fill;
+    } else {
+      float *row = (float *)p + r * T;
+      for (int64_t j = lo; j < hi; j++) row[j] = (float)fill;
+    }
+  }
+}
+
+/* A contiguous workspace copy of the triangular operand t, 0 outside its triangle (the
+ * operand the plain product then reads), or NULL with the ctx error set. */
+static rm_tensor *tri_masked_copy(rm_ctx *ctx, rm_tensor *t, bool upper) {
+  rm_tensor *c = workspace_copy(ctx, t);
+  if (!c) return NULL;
+  int64_t T = t->shape[t->ndim - 1], n = T ? rm_tensor_numel(t) / (T * T) : 0;
+  tri_fill(t->dtype, rm_tensor_ptr(c), n, T, upper, 0.0);
+  return c;
+}
+
+/* Tiles of TRI_ROWS x TRI_COLS results (8 rows, two 16-float vectors), each computed by
+ * one thread over its k range in order: the bits do not depend on the thread count. */
+#define TRI_ROWS 8
+#define TRI_COLS 32
+
+typedef struct {
+  int tri;
+  bool upper, packed;           /* packed: B copied per product (its rows not contiguous) */
+  float fill;
+  int64_t M, N, K, Np, tiles;   /* tiles: row tiles per product */
+  const operand *A, *B;
+  int nb;
+  const int64_t *bshape, *sa, *sb;
+  const float *pa, *pb;
+  float *bp;                    /* packed: each product's B (K x Np), 0 outside B's triangle and past N */
+  float *py;
+} tri_job;
+
+/* B of product i (not row-contiguous: k^T, a view of k) packed into J->bp, read down
+ * its columns (each a row of k). */
+static void tri_pack(const tri_job *J, int64_t i) {
+  int64_t oa, ob;
+  rm_batch_offsets(i, J->nb, J->bshape, J->sa, J->sb, &oa, &ob);
+  const float *b = J->pb + ob;
+  float *d = J->bp + i * J->K * J->Np;
+  const int64_t sr = J->B->sr, sc = J->B->sc;
+  const bool tb = J->tri == RM_TRI_B, up = J->upper;
+  for (int64_t k = 0; k < J->K; k++) memset(d + k * J->Np + J->N, 0, (size_t)(J->Np - J->N) * sizeof(float));
+  for (int64_t j = 0; j < J->N; j++) {
+    int64_t lo = tb && !up ? j : 0, hi = tb && up && j + 1 < J->K ? j + 1 : J->K;   /* B's triangle in column j */
+    /* the columns (rows of k, apart in the qkv projection) come from memory in a replay:
+     * fetched 8 ahead, 16 floats a line */
+    for (int64_t k = 0; j + 8 < J->N && sr == 1 && k < J->K; k += 16) __builtin_prefetch(b + (j + 8) * sc + k);
+    for (int64_t k = 0; k < lo; k++) d[k * J->Np + j] = 0.0f;
+    for (int64_t k = lo; k < hi; k++) d[k * J->Np + j] = b[k * sr + j * sc];
+    for (int64_t k = hi; k < J->K; k++) d[k * J->Np + j] = 0.0f;
+  }
+}
+
+#define RM_V4 __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast")))
+
+/* The rows of a tile: ar[r] points at row i0 + r of A (the last row again past M). */
+#define TRI_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define TRI_ACC(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = _mm512_setzero_ps();
+#define TRI_FMA(r) { __m512 x = _mm512_set1_ps(ar[r][k * sc]); \
+                     c##r##a = _mm512_fmadd_ps(x, b0, c##r##a); c##r##b = _mm512_fmadd_ps(x, b1, c##r##b); }
+/* a's entries outside its triangle read as 0: row i0 + r keeps k <= i0 + r (k >= with upper) */
+#define TRI_FMA_EDGE(r) { __m512 x = _mm512_set1_ps((upper ? k >= i0 + r : k <= i0 + r) ? ar[r][k * sc] : 0.0f); \
+                          c##r##a = _mm512_fmadd_ps(x, b0, c##r##a); c##r##b = _mm512_fmadd_ps(x, b1, c##r##b); }
+/* row r's columns [lo[r], hi[r]) of the tile, by masked stores */
+#define TRI_STORE(r) if (r < rows) { uint32_t m = lanes_(lo[r], hi[r]);                     \
+    _mm512_mask_storeu_ps(y + r * ldy, (__mmask16)(m & 0xffff), c##r##a);                   \
+    _mm512_mask_storeu_ps(y + r * ldy + 16, (__mmask16)(m >> 16), c##r##b); }
+
+/* Bits lo..hi-1 of 32 (none when hi <= lo). */
+RM_V4 static inline __attribute__((always_inline)) uint32_t lanes_(int64_t lo, int64_t hi) {
+  if (hi <= lo) return 0;
+  uint32_t h = hi >= 32 ? 0xffffffffu : (1u << hi) - 1, l = lo <= 0 ? 0 : lo >= 32 ? 0xffffffffu : (1u << lo) - 1;
+  return h & ~l;
+}
+
+/* The two halves of B's row k in j0's tile: the columns cm keeps (those before N), and
+ * of them, in B's triangle's edge (tri = b), those its row k keeps. */
+#define TRI_LOAD_B(edge) \
+    uint32_t bm = cm;                                                                         \
+    if (edge) bm &= upper ? lanes_(k - j0, 32) : lanes_(0, k - j0 + 1);                        \
+    __m512 b0 = _mm512_maskz_loadu_ps((__mmask16)(bm & 0xffff), bp + k * ldb),                  \
+           b1 = _mm512_maskz_loadu_ps((__mmask16)(bm >> 16), bp + k * ldb + 16);
+
+/* y's rows r < rows, columns [lo[r], hi[r]) of the tile at column j0 = sum over k in
+ * [k0, k1) of A(i0 + r, k) B(k, j0 + c), B's row k at bp + k ldb (the tile's columns
+ * first); the k in [e0, e1) are the edge of a's triangle (tri = a: row i0 + r keeps
+ * k <= i0 + r, >= with upper) or of b's (tri = b: row k keeps j <= k, >= with upper). */
+RM_V4 static inline __attribute__((always_inline)) void tri_tile(const float *const *ar, int64_t sc, const float *bp,
+    int64_t ldb, int64_t k0, int64_t k1, int64_t e0, int64_t e1, int tri, bool upper, int64_t i0, int64_t j0,
+    int64_t rows, int64_t cols, float *y, int64_t ldy, const int64_t *lo, const int64_t *hi) {
+  TRI_EACH(TRI_ACC)
+  const uint32_t cm = lanes_(0, cols);
+  e0 = e0 < k0 ? k0 : e0 > k1 ? k1 : e0;
+  e1 = e1 < e0 ? e0 : e1 > k1 ? k1 : e1;
+  for (int64_t k = k0; k < e0; k++) {
+    TRI_LOAD_B(false)
+    TRI_EACH(TRI_FMA)
+  }
+  for (int64_t k = e0; k < e1; k++) {
+    TRI_LOAD_B(tri == RM_TRI_B)
+    if (tri == RM_TRI_A) { TRI_EACH(TRI_FMA_EDGE) }
+    else { TRI_EACH(TRI_FMA) }
+  }
+  for (int64_t k = e1; k < k1; k++) {
+    TRI_LOAD_B(false)
+    TRI_EACH(TRI_FMA)
+  }
+  TRI_EACH(TRI_STORE)
+}
+
+/* n copies of v at p. */
+RM_V4 static inline __attribute__((always_inline)) void fill_f32(float *p, int64_t n, float v) {
+  __m512 x = _mm512_set1_ps(v);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(p + j, x);
+  if (j < n) _mm512_mask_storeu_ps(p + j, (__mmask16)((1u << (n - j)) - 1), x);
+}
+
+/* Row tile t of product i: its tiles over the columns and k the triangle needs, stored
+ * where the result's triangle keeps them, and the fill outside a triangular result. */
+RM_V4 static void tri_task(const tri_job *J, int64_t task) {
+  int64_t i = task / J->tiles, i0 = task % J->tiles * TRI_ROWS, M = J->M, N = J->N, K = J->K;
+  int64_t rows = M - i0 < TRI_ROWS ? M - i0 : TRI_ROWS;
+  int64_t oa, ob;
+  rm_batch_offsets(i, J->nb, J->bshape, J->sa, J->sb, &oa, &ob);
+  const float *ar[TRI_ROWS];
+  for (int r = 0; r < TRI_ROWS; r++) ar[r] = J->pa + oa + (i0 + (r < rows ? r : rows - 1)) * J->A->sr;
+  const float *bp = J->packed ? J->bp + i * K * J->Np : J->pb + ob;
+  const int64_t ldb = J->packed ? J->Np : J->B->sr;
+  float *y = J->py + i * M * N + i0 * N;
+  const bool out = J->tri == RM_TRI_OUT, up = J->upper;
+  int64_t j0 = out && up ? i0 / TRI_COLS * TRI_COLS : 0;
+  for (; j0 < N && !(out && !up && j0 > i0 + rows - 1); j0 += TRI_COLS) {
+    int64_t k0 = 0, k1 = K, e0 = 0, e1 = 0, lo[TRI_ROWS], hi[TRI_ROWS];
+    if (J->tri == RM_TRI_A) {
+      e0 = i0, e1 = i0 + rows;
+      if (up) k0 = i0; else k1 = i0 + rows < K ? i0 + rows : K;
+    } else if (J->tri == RM_TRI_B) {
+      e0 = j0, e1 = j0 + TRI_COLS;
+      if (up) k1 = j0 + TRI_COLS < K ? j0 + TRI_COLS : K; else k0 = j0;
+    }
+    for (int r = 0; r < TRI_ROWS; r++) {
+      lo[r] = out && up ? i0 + r - j0 : 0;                 /* a triangular result keeps j >= i ... */
+      hi[r] = N - j0;
+      if (out && !up && i0 + r - j0 + 1 < hi[r]) hi[r] = i0 + r - j0 + 1;   /* ... or j <= i */
+    }
+    int64_t cols = N - j0 < TRI_COLS ? N - j0 : TRI_COLS;
+    tri_tile(ar, J->A->sc, bp + j0, ldb, k0, k1, e0, e1, J->tri, up, i0, j0, rows, cols, y + j0, N, lo, hi);
+  }
+  for (int64_t r = 0; out && r < rows; r++) {
+    int64_t row = i0 + r;
+    if (up) fill_f32(y + r * N, row, J->fill);
+    else if (row + 1 < N) fill_f32(y + r * N + row + 1, N - row - 1, J->fill);
+  }
+}
+
+/* The triangular product y = A B (float32, AVX-512) of the batch: B packed per product
+ * (a workspace of batch x K x Np floats), then the row tiles, interleaved over the
+ * threads (the triangle makes later tiles longer or shorter). */
+static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const operand *A, const operand *B, int nb,
+                          const int64_t *bshape, const int64_t *sa, const int64_t *sb, int64_t batch) {
+  int64_t M = A->rows, K = A->cols, N = B->cols, Np = (N + TRI_COLS - 1) / TRI_COLS * TRI_COLS;
+  const bool packed = B->sc != 1;
+  int64_t nbp = packed ? batch * K * Np : 0;
+  rm_tensor *ws = packed ? rm_tensor_new(ctx, RM_F32, RM_CPU, 1, &nbp, RM_CAT_WORKSPACE) : NULL;
+  if (packed && !ws) return ctx->err_code;
+  tri_job J = { .tri = (int)a->matmul.tri, .upper = a->matmul.upper, .packed = packed,
+                .fill = a->matmul.neg_inf ? -INFINITY : 0.0f, .M = M, .N = N, .K = K, .Np = Np,
+                .tiles = (M + TRI_ROWS - 1) / TRI_ROWS, .A = A, .B = B, .nb = nb, .bshape = bshape, .sa = sa,
+                .sb = sb, .pa = rm_tensor_ptr(A->t), .pb = rm_tensor_ptr(B->t), .bp = ws ? rm_tensor_ptr(ws) : NULL,
+                .py = rm_tensor_ptr(y) };
+  const bool par = (double)batch * (double)M * (double)N * (double)K > RM_CPU_PAR_MIN && !omp_in_parallel();
+  if (!par || batch >= 2 * omp_get_max_threads()) {
+    /* whole products per thread: a product's packed B stays in its thread's cache
+     * (split by row tiles, attention's scores ran 0.8x faster on two threads than on one
+     * instead of 0.55x: the packed rows crossed between the cores) */
+    _Pragma("omp parallel for schedule(static) if (par)")
+    for (int64_t i = 0; i < batch; i++) {
+      if (packed) tri_pack(&J, i);
+      for (int64_t t = i * J.tiles; t < (i + 1) * J.tiles; t++) tri_task(&J, t);
+    }
+  } else {
+    _Pragma("omp parallel")
+    {
+      if (packed) {
+        _Pragma("omp for schedule(static)")
+        for (int64_t i = 0; i < batch; i++) tri_pack(&J, i);
+      }
+      _Pragma("omp for schedule(static, 1)")
+      for (int64_t t = 0; t < batch * J.tiles; t++) tri_task(&J, t);
+    }
+  }
+  rm_tensor_drop(ctx, ws);
+  return RM_OK;
+}
+
 RM_CPU_KERNEL(matmul) {
   rm_tensor *y = out[0];
   size_t es = rm_dtype_size(y->dtype);
+  const int tri = a ? (int)a->matmul.tri : RM_TRI_NONE;
+  const bool upper = a && a->matmul.upper;
+  /* the tiles: float32 on AVX-512; otherwise a triangular operand is read through a
+   * masked copy and a triangular result masked after the plain product */
+  const bool tiles = tri != RM_TRI_NONE && y->dtype == RM_F32 && rm_cpu_avx512(ctx);
+  bool fill_after = tri == RM_TRI_OUT && !tiles;   /* a triangular result masked after the plain product */
+  rm_tensor *masked = NULL, *ops[2] = { in[0], in[1] };
+  if (!tiles && (tri == RM_TRI_A || tri == RM_TRI_B)) {
+    int w = tri == RM_TRI_A ? 0 : 1;
+    if (!(masked = tri_masked_copy(ctx, in[w], upper))) return ctx->err_code;
+    ops[w] = masked;
+  }
   operand A, B;
   rm_tensor *ca = NULL, *cb = NULL;
-  if (operand_prepare(ctx, &A, in[0], true, &ca) || operand_prepare(ctx, &B, in[1], false, &cb)) {
+  if (operand_prepare(ctx, &A, ops[0], true, &ca) || operand_prepare(ctx, &B, ops[1], false, &cb)) {
     rm_tensor_drop(ctx, ca);
+    rm_tensor_drop(ctx, masked);
     return ctx->err_code;
   }
-  int64_t M = A.rows, K = A.cols, N = B.cols;
+  int64_t M = A.rows, K = A.cols, N = B.cols, batch = 1;
   int rc = RM_OK;
   if (M >= INT_MAX || N >= INT_MAX || K >= INT_MAX) {
     rc = rm_fail(ctx, RM_ERR_SHAPE, "matmul: dimensions beyond BLAS's int range");
     goto done;
   }
   int nb = A.nbatch > B.nbatch ? A.nbatch : B.nbatch;
-  int64_t bshape[RM_MAX_DIM], sa[RM_MAX_DIM], sb[RM_MAX_DIM], batch = 1;
+  int64_t bshape[RM_MAX_DIM], sa[RM_MAX_DIM], sb[RM_MAX_DIM];
   for (int d = 0; d < nb; d++) {
     bshape[d] = y->shape[d];
     batch *= bshape[d];
@@ -113,6 +344,11 @@ RM_CPU_KERNEL(matmul) {
   if (batch * M * N == 0) goto done;
   if (K == 0) {
     memset(rm_tensor_ptr(y), 0, (size_t)(batch * M * N) * es);
+    fill_after = tri == RM_TRI_OUT;
+    goto done;
+  }
+  if (tiles) {
+    rc = tri_f32_avx512(ctx, a, y, &A, &B, nb, bshape, sa, sb, batch);
     goto done;
   }
   const char *pa = rm_tensor_ptr(A.t), *pb = rm_tensor_ptr(B.t);
@@ -142,8 +378,11 @@ RM_CPU_KERNEL(matmul) {
     for (int64_t i = 0; i < batch; i++) batch_gemm(ctx, y->dtype, &A, &B, nb, bshape, sa, sb, i, pa, pb, py);
   }
 done:
+  if (!rc && fill_after && batch * M * N != 0)
+    tri_fill(y->dtype, rm_tensor_ptr(y), batch, M, upper, a->matmul.neg_inf ? -INFINITY : 0.0);
   rm_tensor_drop(ctx, ca);
   rm_tensor_drop(ctx, cb);
+  rm_tensor_drop(ctx, masked);
   return rc;
 }
 

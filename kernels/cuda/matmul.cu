@@ -34,7 +34,13 @@
  * writes pre, reads it back and writes y (150 MB); fused it writes pre and y (100 MB):
  * ~12 us and one launch a layer, ~0.2 ms a step of 12 layers (~1% of a ~16 ms step).
  * Backward is the same either way (read gy and pre, write dpre). A DGELU epilogue on
- * fc2's input-gradient GEMM would save that pass too (~150 MB, ~0.45 ms a step); not done. */
+ * fc2's input-gradient GEMM would save that pass too (~150 MB, ~0.45 ms a step); not done.
+ *
+ * Triangular products (matmul's tri attrs, core/ops.def) are the plain cuBLAS product:
+ * a triangular operand through a contiguous scratch copy zeroed outside its triangle,
+ * a triangular result filled outside it afterwards (tri_fill_kernel). cuBLAS has no
+ * batched triangular GEMM with these semantics; skipping the zero blocks (the CPU's
+ * tiles) is not done here. */
 #include <limits.h>
 #include <cublasLt.h>
 
@@ -129,13 +135,55 @@ static void batch_strides(const operand *o, int nb, const int64_t *bshape, int64
   }
 }
 
+/* Entries outside the triangle (j <= i, or j >= i with upper) of n / (len x len)
+ * contiguous matrices set to fill. */
+template <class T>
+__global__ void tri_fill_kernel(T *p, int64_t n, int64_t len, bool upper, float fill) {
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t j = e % len, i = (e / len) % len;
+    if (upper ? j < i : j > i) cu_sv(p + e, fill);
+  }
+}
+
+static int tri_fill(rm_ctx *ctx, void *p, rm_dtype dt, int64_t n, int64_t len, bool upper, float fill) {
+  if (!n || !len) return RM_OK;
+  cudaStream_t st = cu_st(ctx)->stream;
+  CU_DISPATCH(ctx, "matmul", dt, tri_fill_kernel<T><<<cu_blocks(n), CU_THREADS, 0, st>>>((T *)p, n, len, upper, fill));
+  return CU_LAUNCHED(ctx, "matmul's triangle fill");
+}
+
+/* o, the triangular operand t of a product, read from a contiguous scratch copy zeroed
+ * outside its triangle (*copy, of *bytes, to free). */
+static int tri_operand(rm_ctx *ctx, operand *o, const rm_tensor *t, bool left, bool upper, void **copy,
+                       size_t *bytes) {
+  *bytes = (size_t)cu_numel(t) * cu_dsize(t->dtype);
+  const void *p = cu_contig_data(ctx, t, copy);
+  if (!p) return ctx->err_code;
+  if (!*copy) {   /* t is contiguous: a copy to mask */
+    if (!(*copy = cu_scratch(ctx, *bytes))) return ctx->err_code;
+    int rc = CU_CHECK(ctx, cudaMemcpyAsync(*copy, p, *bytes, cudaMemcpyDeviceToDevice, cu_st(ctx)->stream));
+    if (rc) return rc;
+  }
+  int64_t st[RM_MAX_DIM], s = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) st[d] = s, s *= t->shape[d];
+  operand_geo(o, t, st, left);
+  o->p = (const char *)*copy;
+  rm_as_blas(o->rows, o->cols, o->sr, o->sc, &o->bm);
+  return tri_fill(ctx, *copy, t->dtype, cu_numel(t), o->cols, upper, 0.0f);
+}
+
 RM_CUDA_KERNEL(matmul) {
   rm_tensor *y = out[0];
   size_t es = cu_dsize(y->dtype);
+  const int tri = a ? (int)a->matmul.tri : RM_TRI_NONE;
+  const bool upper = a && a->matmul.upper;
   operand A, B;
-  void *ca = NULL, *cb = NULL;
+  void *ca = NULL, *cb = NULL, *cm = NULL;
+  size_t cm_bytes = 0;
   int rc = operand_prepare(ctx, &A, in[0], true, &ca);
   if (!rc) rc = operand_prepare(ctx, &B, in[1], false, &cb);
+  if (!rc && tri == RM_TRI_A) rc = tri_operand(ctx, &A, in[0], true, upper, &cm, &cm_bytes);
+  if (!rc && tri == RM_TRI_B) rc = tri_operand(ctx, &B, in[1], false, upper, &cm, &cm_bytes);
   int64_t M = A.rows, K = A.cols, N = B.cols;
   int nb = A.nbatch > B.nbatch ? A.nbatch : B.nbatch;
   int64_t bshape[RM_MAX_DIM], sa[RM_MAX_DIM], sb[RM_MAX_DIM], batch = 1;
@@ -183,8 +231,11 @@ RM_CUDA_KERNEL(matmul) {
     }
   }
 done:
+  if (!rc && tri == RM_TRI_OUT && batch * M * N != 0)
+    rc = tri_fill(ctx, cu_ptr(y), y->dtype, batch * M * N, N, upper, a->matmul.neg_inf ? -INFINITY : 0.0f);
   if (ca) cu_scratch_free(ctx, ca, (size_t)cu_numel(in[0]) * es);
   if (cb) cu_scratch_free(ctx, cb, (size_t)cu_numel(in[1]) * es);
+  if (cm) cu_scratch_free(ctx, cm, cm_bytes);
   return rc;
 }
 

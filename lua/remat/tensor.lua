@@ -473,7 +473,9 @@ function Tensor:pow(e)
   return op(O.pow, nil, self, e)
 end
 
-function Tensor:matmul(other) return op(O.matmul, nil, self, other) end
+-- matmul(other [, attrs]): attrs as core/ops.def names them, { tri = 1, neg_inf = true }
+-- for causal attention's scores (only the lower triangle computed, -inf above it)
+function Tensor:matmul(other, attrs) return op(O.matmul, attrs, self, other) end
 Tensor.mm = Tensor.matmul
 
 for _, name in ipairs({ "exp", "log", "tanh", "sqrt", "abs", "sigmoid", "relu", "gelu", "silu" }) do

@@ -52,6 +52,26 @@ local function mm_ref(av, ash, bv, bsh)
   return out, shape
 end
 
+-- A triangular product's oracle (matmul's tri attrs, core/ops.def): the triangular
+-- operand masked to 0 outside its triangle (whatever it holds there, NaN included), the
+-- naive product, and a triangular result filled outside its triangle.
+local function inside(i, j, upper) if upper then return j >= i end return j <= i end
+local function tri_mask(v, sh, upper, fill)
+  local R, Cc, out = sh[#sh - 1], sh[#sh], {}
+  for e = 1, #v do
+    local j, i = (e - 1) % Cc, ((e - 1) // Cc) % R
+    out[e] = inside(i, j, upper) and v[e] or fill
+  end
+  return out
+end
+local function mm_tri_ref(av, ash, bv, bsh, at)
+  if at.tri == 2 then av = tri_mask(av, ash, at.upper, 0) end
+  if at.tri == 3 then bv = tri_mask(bv, bsh, at.upper, 0) end
+  local out, shape = mm_ref(av, ash, bv, bsh)
+  if at.tri == 1 then out = tri_mask(out, shape, at.upper, at.neg_inf and -math.huge or 0) end
+  return out, shape
+end
+
 -- y = x w^T + b over the last dim of x.
 local function linear_ref(xv, xsh, wv, wsh, bv)
   local fout, fin = wsh[1], wsh[2]
@@ -93,6 +113,25 @@ return function(K)
     local ta, va = rand(sa)
     local tb, vb = rand(sb)
     check_mm(ta, va, sa, tb, vb, sb, table.concat(sa, "x") .. " @ " .. table.concat(sb, "x"))
+  end
+  -- a triangular product of (ta, va, sa) and (tb, vb, sb) against its oracle
+  local function check_tri(ta, va, sa, tb, vb, sb, at, what)
+    local e, shape = mm_tri_ref(va, sa, vb, sb, at)
+    K.check(op("matmul", at, ta, tb), e, shape, tol, ("%s tri=%d%s%s"):format(what, at.tri,
+      at.upper and " upper" or "", at.neg_inf and " neg_inf" or ""))
+  end
+  -- operand shapes of a triangular product: T x T triangle, D the other size
+  local function tri_shapes(tri, T, D, batch)
+    local sa, sb
+    if tri == 1 then sa, sb = { T, D }, { D, T }
+    elseif tri == 2 then sa, sb = { T, T }, { T, D }
+    else sa, sb = { D, T }, { T, T } end
+    if batch then table.insert(sa, 1, batch); table.insert(sb, 1, batch) end
+    return sa, sb
+  end
+  local function tri_attrs()
+    return { { tri = 1 }, { tri = 1, upper = true }, { tri = 1, neg_inf = true }, { tri = 1, upper = true, neg_inf = true },
+             { tri = 2 }, { tri = 2, upper = true }, { tri = 3 }, { tri = 3, upper = true } }
   end
   local function check_lin(x, xv, xs, w, wv, ws, b, bv)
     local e, shape = linear_ref(xv, xs, wv, ws, bv)
@@ -192,6 +231,82 @@ return function(K)
           local te, ve = noncontig({ 4, 12, 80 })
           check_mm(td, vd, { 4, 64, 12 }, te, ve, { 4, 12, 80 }, "batched transposed, 64 rows")
         end,
+        ["triangular: every tri and triangle, sizes around the CPU's 8 x 32 tiles"] = function()
+          for _, T in ipairs({ 1, 9, 33, 40 }) do
+            for _, D in ipairs({ 1, 5, 33 }) do
+              for _, at in ipairs(tri_attrs()) do
+                local sa, sb = tri_shapes(at.tri, T, D, 2)
+                local ta, va = rand(sa)
+                local tb, vb = rand(sb)
+                check_tri(ta, va, sa, tb, vb, sb, at, ("T=%d D=%d"):format(T, D))
+              end
+            end
+          end
+        end,
+        ["triangular: transposed operands (attention's k^T, p^T, q^T views)"] = function()
+          for _, at in ipairs(tri_attrs()) do
+            local sa, sb = tri_shapes(at.tri, 37, 6, 2)
+            local ta, va = noncontig(sa)
+            local tb, vb = rand(sb)
+            check_tri(ta, va, sa, tb, vb, sb, at, "a transposed")
+            local tc, vc = noncontig(sb)
+            check_tri(ta, va, sa, tc, vc, sb, at, "both transposed")
+            local td, vd = rand(sa)
+            check_tri(td, vd, sa, tc, vc, sb, at, "b transposed")
+          end
+        end,
+        ["triangular: broadcast batch dims, one product split over the threads, many"] = function()
+          for _, at in ipairs(tri_attrs()) do
+            local sa, sb = tri_shapes(at.tri, 12, 7)
+            table.insert(sa, 1, 1); table.insert(sa, 1, 2); table.insert(sb, 1, 3)
+            local ta, va = rand(sa)
+            local tb, vb = rand(sb)
+            check_tri(ta, va, sa, tb, vb, sb, at, "broadcast")
+            local sa1, sb1 = tri_shapes(at.tri, 100, 20)
+            local t1, v1 = rand(sa1)
+            local t2, v2 = rand(sb1)
+            check_tri(t1, v1, sa1, t2, v2, sb1, at, "one product")
+            local sa8, sb8 = tri_shapes(at.tri, 64, 16, 8)
+            local t3, v3 = rand(sa8)
+            local t4, v4 = rand(sb8)
+            check_tri(t3, v3, sa8, t4, v4, sb8, at, "8 products")
+          end
+        end,
+        ["triangular: an operand's entries outside its triangle are not read (NaN, inf)"] = function()
+          for _, at in ipairs({ { tri = 2 }, { tri = 2, upper = true }, { tri = 3 }, { tri = 3, upper = true } }) do
+            local T, D = 35, 3
+            local sa, sb = tri_shapes(at.tri, T, D)
+            local _, va = rand(sa)
+            local _, vb = rand(sb)
+            local tv = at.tri == 2 and va or vb
+            for e = 1, #tv do
+              local j, i = (e - 1) % T, (e - 1) // T
+              if not inside(i, j, at.upper) then tv[e] = (e % 2 == 0) and nan or inf end
+            end
+            check_tri(K.tensor(va, sa), va, sa, K.tensor(vb, sb), vb, sb, at, "NaN outside")
+            tv[1] = nan   -- (0, 0) is inside every triangle: its row (tri = a) or column (b) turns NaN
+            check_tri(K.tensor(va, sa), va, sa, K.tensor(vb, sb), vb, sb, at, "NaN inside")
+          end
+        end,
+        ["triangular: K = 0 gives zeros inside the triangle, the fill outside"] = function()
+          K.check(op("matmul", { tri = 1, neg_inf = true }, K.tensor({}, { 2, 0 }), K.tensor({}, { 0, 2 })),
+                  { 0, -inf, 0, 0 }, { 2, 2 })
+          K.check(op("matmul", { tri = 1, upper = true }, K.tensor({}, { 2, 0 }), K.tensor({}, { 0, 2 })),
+                  { 0, 0, 0, 0 }, { 2, 2 })
+        end,
+        ["triangular: errors name what was wrong"] = function()
+          local sq, r = rand({ 3, 3 }), rand({ 3, 2 })
+          raises("matmul: tri must be 0 (none), 1 (the result), 2 (a) or 3 (b), got 4", op, "matmul", { tri = 4 }, sq, sq)
+          raises("matmul: neg_inf fills a triangular result (tri = 1), got tri = 2", op, "matmul", { tri = 2, neg_inf = true }, sq, r)
+          raises("matmul: upper and neg_inf describe a triangular product: set tri too", op, "matmul", { upper = true }, sq, sq)
+          raises("matmul: tri = 1 makes the result triangular, which needs it square, got shapes 3x3 and 3x2 (3 x 2)",
+                 op, "matmul", { tri = 1 }, sq, r)
+          raises("matmul: tri = 2 makes a triangular, which needs it square, got shapes 3x2 and 2x3 (3 x 2)",
+                 op, "matmul", { tri = 2 }, r, (rand({ 2, 3 })))
+          raises("matmul: tri = 3 makes b triangular, which needs it square", op, "matmul", { tri = 3 }, r, (rand({ 2, 3 })))
+          raises("matmul: a triangular product needs 2-D or batched operands, got shapes 3 and 3x3", op, "matmul",
+                 { tri = 3 }, (rand({ 3 })), sq)
+        end,
         ["errors name both shapes"] = function()
           raises("matmul: shapes 2x3 and 4x5 do not match (3 vs 4)", op, "matmul", nil, (rand({ 2, 3 })), (rand({ 4, 5 })))
           raises("cannot be broadcast", op, "matmul", nil, (rand({ 2, 3, 4 })), (rand({ 3, 4, 2 })))
@@ -211,6 +326,25 @@ return function(K)
           gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 3 } }, { shape = { 3 } } })
           gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 3 } }, { shape = { 2, 3, 4 } } })
           gc(function(a, b) return op("matmul", nil, a, b) end, { { shape = { 4, 3 } }, { shape = { 3 } } })
+        end,
+        ["triangular: every tri and triangle (their gradients are triangular products)"] = function()
+          for _, at in ipairs(tri_attrs()) do
+            if not at.neg_inf then
+              local sa, sb = tri_shapes(at.tri, 4, 3)
+              gc(function(a, b) return op("matmul", at, a, b) end, { { shape = sa }, { shape = sb } })
+            end
+          end
+        end,
+        ["triangular: batched, broadcast, a transposed operand"] = function()
+          gc(function(a, b) return op("matmul", { tri = 2, upper = true }, op("transpose", { dim0 = 1, dim1 = 2 }, a), b) end,
+            { { shape = { 2, 3, 3 } }, { shape = { 3, 2 } } })
+          gc(function(a, b) return op("matmul", { tri = 3 }, a, b) end, { { shape = { 2, 1, 2, 3 } }, { shape = { 3, 3, 3 } } })
+        end,
+        ["triangular: q k^T with -inf above the diagonal, through the causal softmax"] = function()
+          gc(function(q, k)
+            local s = op("matmul", { tri = 1, neg_inf = true }, q, op("transpose", { dim0 = 0, dim1 = 1 }, k))
+            return op("softmax", { dim = 1, causal = true }, s)
+          end, { { shape = { 5, 3 } }, { shape = { 5, 3 } } })
         end,
         ["transposed operand, one side without grad"] = function()
           gc(function(a, b) return op("matmul", nil, op("transpose", { dim0 = 0, dim1 = 1 }, a), b) end,
