@@ -172,9 +172,12 @@ static void tri_pack(const tri_job *J, int64_t i) {
 /* a's entries outside its triangle read as 0: row i0 + r keeps k <= i0 + r (k >= with upper) */
 #define TRI_FMA_EDGE(r) { __m512 x = _mm512_set1_ps((upper ? k >= i0 + r : k <= i0 + r) ? ar[r][k * sc] : 0.0f); \
                           c##r##a = _mm512_fmadd_ps(x, b0, c##r##a); c##r##b = _mm512_fmadd_ps(x, b1, c##r##b); }
-/* row r's columns [lo[r], hi[r]) of the tile, by masked stores */
-#define TRI_STORE(r) if (r < rows) { uint32_t m = lanes_(lo[r], hi[r]);                     \
-    _mm512_mask_storeu_ps(y + r * ldy, (__mmask16)(m & 0xffff), c##r##a);                   \
+/* row r's columns of the tile, by masked stores: those before N, and of a triangular
+ * result (out) those in its triangle, j >= i (upper) or j <= i */
+#define TRI_STORE(r) if (r < rows) {                                                              \
+    int64_t d = i0 + r - j0;                                                                      \
+    uint32_t m = lanes_(out && upper ? d : 0, out && !upper && d + 1 < cols ? d + 1 : cols);      \
+    _mm512_mask_storeu_ps(y + r * ldy, (__mmask16)(m & 0xffff), c##r##a);                        \
     _mm512_mask_storeu_ps(y + r * ldy + 16, (__mmask16)(m >> 16), c##r##b); }
 
 /* Bits lo..hi-1 of 32 (none when hi <= lo). */
@@ -192,13 +195,15 @@ RM_V4 static inline __attribute__((always_inline)) uint32_t lanes_(int64_t lo, i
     __m512 b0 = _mm512_maskz_loadu_ps((__mmask16)(bm & 0xffff), bp + k * ldb),                  \
            b1 = _mm512_maskz_loadu_ps((__mmask16)(bm >> 16), bp + k * ldb + 16);
 
-/* y's rows r < rows, columns [lo[r], hi[r]) of the tile at column j0 = sum over k in
- * [k0, k1) of A(i0 + r, k) B(k, j0 + c), B's row k at bp + k ldb (the tile's columns
- * first); the k in [e0, e1) are the edge of a's triangle (tri = a: row i0 + r keeps
- * k <= i0 + r, >= with upper) or of b's (tri = b: row k keeps j <= k, >= with upper). */
+/* y's rows r < rows, columns c < cols of the tile at column j0 (those of a triangular
+ * result's triangle) = sum over k in [k0, k1) of A(i0 + r, k) B(k, j0 + c), B's row k at
+ * bp + k ldb (the tile's columns first); the k in [e0, e1) are the edge of a's triangle
+ * (tri = a: row i0 + r keeps k <= i0 + r, >= with upper) or of b's (tri = b: row k keeps
+ * j <= k, >= with upper). */
 RM_V4 static inline __attribute__((always_inline)) void tri_tile(const float *const *ar, int64_t sc, const float *bp,
     int64_t ldb, int64_t k0, int64_t k1, int64_t e0, int64_t e1, int tri, bool upper, int64_t i0, int64_t j0,
-    int64_t rows, int64_t cols, float *y, int64_t ldy, const int64_t *lo, const int64_t *hi) {
+    int64_t rows, int64_t cols, float *y, int64_t ldy) {
+  const bool out = tri == RM_TRI_OUT;
   TRI_EACH(TRI_ACC)
   const uint32_t cm = lanes_(0, cols);
   e0 = e0 < k0 ? k0 : e0 > k1 ? k1 : e0;
@@ -219,10 +224,16 @@ RM_V4 static inline __attribute__((always_inline)) void tri_tile(const float *co
   TRI_EACH(TRI_STORE)
 }
 
-/* n copies of v at p. */
+/* n copies of v at p: the whole 64-byte lines by streaming stores, which do not read the
+ * lines first (a causal softmax never reads the fill; written through the cache, it was a
+ * fifth of the scores' time when they went to memory, as in a replay). */
 RM_V4 static inline __attribute__((always_inline)) void fill_f32(float *p, int64_t n, float v) {
   __m512 x = _mm512_set1_ps(v);
-  int64_t j = 0;
+  int64_t j = 0, head = (int64_t)((64 - ((uintptr_t)p & 63)) & 63) / (int64_t)sizeof(float);
+  if (((uintptr_t)p & 3) == 0 && head < n) {
+    if (head) _mm512_mask_storeu_ps(p, (__mmask16)((1u << head) - 1), x);
+    for (j = head; j + 16 <= n; j += 16) _mm512_stream_ps(p + j, x);
+  }
   for (; j + 16 <= n; j += 16) _mm512_storeu_ps(p + j, x);
   if (j < n) _mm512_mask_storeu_ps(p + j, (__mmask16)((1u << (n - j)) - 1), x);
 }
@@ -236,13 +247,17 @@ RM_V4 static void tri_task(const tri_job *J, int64_t task) {
   rm_batch_offsets(i, J->nb, J->bshape, J->sa, J->sb, &oa, &ob);
   const float *ar[TRI_ROWS];
   for (int r = 0; r < TRI_ROWS; r++) ar[r] = J->pa + oa + (i0 + (r < rows ? r : rows - 1)) * J->A->sr;
+  /* the next tile's rows of a (q in the scores: apart in the qkv projection, and in
+   * memory when a replay reads them), fetched while this tile computes */
+  for (int64_t r = i0 + TRI_ROWS; r < i0 + 2 * TRI_ROWS && r < M && J->A->sc == 1; r++)
+    for (int64_t k = 0; k < K && k < 64; k += 16) __builtin_prefetch(J->pa + oa + r * J->A->sr + k);
   const float *bp = J->packed ? J->bp + i * K * J->Np : J->pb + ob;
   const int64_t ldb = J->packed ? J->Np : J->B->sr;
   float *y = J->py + i * M * N + i0 * N;
   const bool out = J->tri == RM_TRI_OUT, up = J->upper;
   int64_t j0 = out && up ? i0 / TRI_COLS * TRI_COLS : 0;
   for (; j0 < N && !(out && !up && j0 > i0 + rows - 1); j0 += TRI_COLS) {
-    int64_t k0 = 0, k1 = K, e0 = 0, e1 = 0, lo[TRI_ROWS], hi[TRI_ROWS];
+    int64_t k0 = 0, k1 = K, e0 = 0, e1 = 0;
     if (J->tri == RM_TRI_A) {
       e0 = i0, e1 = i0 + rows;
       if (up) k0 = i0; else k1 = i0 + rows < K ? i0 + rows : K;
@@ -250,13 +265,8 @@ RM_V4 static void tri_task(const tri_job *J, int64_t task) {
       e0 = j0, e1 = j0 + TRI_COLS;
       if (up) k1 = j0 + TRI_COLS < K ? j0 + TRI_COLS : K; else k0 = j0;
     }
-    for (int r = 0; r < TRI_ROWS; r++) {
-      lo[r] = out && up ? i0 + r - j0 : 0;                 /* a triangular result keeps j >= i ... */
-      hi[r] = N - j0;
-      if (out && !up && i0 + r - j0 + 1 < hi[r]) hi[r] = i0 + r - j0 + 1;   /* ... or j <= i */
-    }
     int64_t cols = N - j0 < TRI_COLS ? N - j0 : TRI_COLS;
-    tri_tile(ar, J->A->sc, bp + j0, ldb, k0, k1, e0, e1, J->tri, up, i0, j0, rows, cols, y + j0, N, lo, hi);
+    tri_tile(ar, J->A->sc, bp + j0, ldb, k0, k1, e0, e1, J->tri, up, i0, j0, rows, cols, y + j0, N);
   }
   for (int64_t r = 0; out && r < rows; r++) {
     int64_t row = i0 + r;
