@@ -141,28 +141,42 @@ typedef struct {
   float *py;
 } tri_job;
 
-/* B of product i (not row-contiguous: k^T, a view of k) packed into J->bp, read down
- * its columns (each a row of k). */
-static void tri_pack(const tri_job *J, int64_t i) {
+#define RM_V4 __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast")))
+
+/* Bits lo..hi-1 of 32 (none when hi <= lo). */
+RM_V4 static inline __attribute__((always_inline)) uint32_t lanes_(int64_t lo, int64_t hi) {
+  if (hi <= lo) return 0;
+  uint32_t h = hi >= 32 ? 0xffffffffu : (1u << hi) - 1, l = lo <= 0 ? 0 : lo >= 32 ? 0xffffffffu : (1u << lo) - 1;
+  return h & ~l;
+}
+
+/* B of product i (not row-contiguous: k^T, a view of k) packed into J->bp: 16 columns at
+ * a time, row k of them one gather (16 rows of k, 32 floats each, stay in cache for all
+ * of its k; one element at a time, the scattered stores took a sixth of the scores'
+ * time), 0 outside B's triangle (tri = b) and past N. */
+RM_V4 static void tri_pack(const tri_job *J, int64_t i) {
   int64_t oa, ob;
   rm_batch_offsets(i, J->nb, J->bshape, J->sa, J->sb, &oa, &ob);
   const float *b = J->pb + ob;
   float *d = J->bp + i * J->K * J->Np;
-  const int64_t sr = J->B->sr, sc = J->B->sc;
+  const int64_t sr = J->B->sr, sc = J->B->sc, N = J->N, Np = J->Np;
   const bool tb = J->tri == RM_TRI_B, up = J->upper;
-  for (int64_t k = 0; k < J->K; k++) memset(d + k * J->Np + J->N, 0, (size_t)(J->Np - J->N) * sizeof(float));
-  for (int64_t j = 0; j < J->N; j++) {
-    int64_t lo = tb && !up ? j : 0, hi = tb && up && j + 1 < J->K ? j + 1 : J->K;   /* B's triangle in column j */
-    /* the columns (rows of k, apart in the qkv projection) come from memory in a replay:
-     * fetched 8 ahead, 16 floats a line */
-    for (int64_t k = 0; j + 8 < J->N && sr == 1 && k < J->K; k += 16) __builtin_prefetch(b + (j + 8) * sc + k);
-    for (int64_t k = 0; k < lo; k++) d[k * J->Np + j] = 0.0f;
-    for (int64_t k = lo; k < hi; k++) d[k * J->Np + j] = b[k * sr + j * sc];
-    for (int64_t k = hi; k < J->K; k++) d[k * J->Np + j] = 0.0f;
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32((int)sc));
+  for (int64_t j0 = 0; j0 < Np; j0 += 16) {
+    for (int64_t r = j0 + 16; sr == 1 && r < j0 + 32 && r < N; r++)
+      for (int64_t k = 0; k < J->K; k += 16) __builtin_prefetch(b + r * sc + k);
+    for (int64_t k = 0; k < J->K; k++) {
+      /* the columns j0 + c before N, and in B's triangle: row k keeps j <= k (>= with upper) */
+      uint32_t m = lanes_(0, N - j0);
+      if (tb) m &= up ? lanes_(k - j0, 32) : lanes_(0, k - j0 + 1);
+      __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16)(m & 0xffff), idx,
+                                          b + k * sr + (m ? j0 * sc : 0), 4);
+      _mm512_storeu_ps(d + k * Np + j0, v);
+    }
   }
 }
 
-#define RM_V4 __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast")))
 
 /* The rows of a tile: ar[r] points at row i0 + r of A (the last row again past M). */
 #define TRI_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
@@ -180,12 +194,6 @@ static void tri_pack(const tri_job *J, int64_t i) {
     _mm512_mask_storeu_ps(y + r * ldy, (__mmask16)(m & 0xffff), c##r##a);                        \
     _mm512_mask_storeu_ps(y + r * ldy + 16, (__mmask16)(m >> 16), c##r##b); }
 
-/* Bits lo..hi-1 of 32 (none when hi <= lo). */
-RM_V4 static inline __attribute__((always_inline)) uint32_t lanes_(int64_t lo, int64_t hi) {
-  if (hi <= lo) return 0;
-  uint32_t h = hi >= 32 ? 0xffffffffu : (1u << hi) - 1, l = lo <= 0 ? 0 : lo >= 32 ? 0xffffffffu : (1u << lo) - 1;
-  return h & ~l;
-}
 
 /* The two halves of B's row k in j0's tile: the columns cm keeps (those before N), and
  * of them, in B's triangle's edge (tri = b), those its row k keeps. */
@@ -224,16 +232,12 @@ RM_V4 static inline __attribute__((always_inline)) void tri_tile(const float *co
   TRI_EACH(TRI_STORE)
 }
 
-/* n copies of v at p: the whole 64-byte lines by streaming stores, which do not read the
- * lines first (a causal softmax never reads the fill; written through the cache, it was a
- * fifth of the scores' time when they went to memory, as in a replay). */
+/* n copies of v at p. Plain stores, not streaming ones: a result's block usually comes
+ * back from the allocator's pool still in cache (streaming stores halved a hot call's
+ * speed and gained a tenth only where everything came from memory). */
 RM_V4 static inline __attribute__((always_inline)) void fill_f32(float *p, int64_t n, float v) {
   __m512 x = _mm512_set1_ps(v);
-  int64_t j = 0, head = (int64_t)((64 - ((uintptr_t)p & 63)) & 63) / (int64_t)sizeof(float);
-  if (((uintptr_t)p & 3) == 0 && head < n) {
-    if (head) _mm512_mask_storeu_ps(p, (__mmask16)((1u << head) - 1), x);
-    for (j = head; j + 16 <= n; j += 16) _mm512_stream_ps(p + j, x);
-  }
+  int64_t j = 0;
   for (; j + 16 <= n; j += 16) _mm512_storeu_ps(p + j, x);
   if (j < n) _mm512_mask_storeu_ps(p + j, (__mmask16)((1u << (n - j)) - 1), x);
 }
@@ -251,6 +255,11 @@ RM_V4 static void tri_task(const tri_job *J, int64_t task) {
    * memory when a replay reads them), fetched while this tile computes */
   for (int64_t r = i0 + TRI_ROWS; r < i0 + 2 * TRI_ROWS && r < M && J->A->sc == 1; r++)
     for (int64_t k = 0; k < K && k < 64; k += 16) __builtin_prefetch(J->pa + oa + r * J->A->sr + k);
+  /* and its rows of the result, for writing: a triangular result's lines outside the
+   * triangle are only written, and a result's block that comes from memory (the
+   * allocator's pool does not say) would otherwise be read line by line as they are */
+  for (int64_t r = i0 + TRI_ROWS; r < i0 + 2 * TRI_ROWS && r < M; r++)
+    for (int64_t j = 0; j < N; j += 16) __builtin_prefetch(J->py + i * M * N + r * N + j, 1, 3);
   const float *bp = J->packed ? J->bp + i * K * J->Np : J->pb + ob;
   const int64_t ldb = J->packed ? J->Np : J->B->sr;
   float *y = J->py + i * M * N + i0 * N;
@@ -358,6 +367,13 @@ RM_CPU_KERNEL(matmul) {
     goto done;
   }
   if (tiles) {
+    if (B.sc != 1 && (B.sc < 0 || B.sc > INT_MAX / 16)) {   /* past the packing gather's int32 offsets */
+      rm_tensor *c = workspace_copy(ctx, B.t);
+      if (!c) { rc = ctx->err_code; goto done; }
+      rm_tensor_drop(ctx, cb);
+      cb = c;
+      operand_geo(&B, c, false);
+    }
     rc = tri_f32_avx512(ctx, a, y, &A, &B, nb, bshape, sa, sb, batch);
     goto done;
   }
