@@ -85,7 +85,8 @@ static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor 
   /* softmax(causal_mask(scale * scores)) in one op (one pass over the T x T scores) */
   STEP(att, rm_softmax_scaled(ctx, att, 1.0 / sqrt((double)D), true));
   if (m->training && m->cfg_f[0] > 0) STEP(att, rm_dropout(ctx, att, m->cfg_f[0]));
-  /* the probabilities are 0 above the diagonal: read as 0 there, not multiplied */
+  /* the probabilities are 0 above the diagonal: read as 0 there (the CPU's tiles skip
+   * those terms) */
   STEP(att, rm_matmul_tri(ctx, att, v, RM_TRI_A, false, false)); /* (B, H, T, D) */
   rm_tensor_drop(ctx, v);
   v = NULL;

@@ -16,13 +16,14 @@ static int cpu_copy(rm_ctx *ctx, void *dst, const void *src, size_t n) {
 
 static int cpu_sync(rm_ctx *ctx) { return RM_OK; }
 
-/* Kernel workspace for dry runs (rm_backend.workspace): the attention kernels' (the
- * only large one; matmul's copies of unreadable operands are not predicted). */
+/* Kernel workspace for dry runs (rm_backend.workspace): the attention kernels' and a
+ * triangular matmul's (matmul's copies of operands BLAS cannot read are not predicted). */
 static size_t rm_cpu_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
   switch (op) {
   case RM_OP_ATTENTION:
   case RM_OP_ATTENTION_BACKWARD:
   case RM_OP_ATTENTION_QKV_BACKWARD: return rm_cpu_attention_workspace(op, nin, in, a);
+  case RM_OP_MATMUL: return rm_cpu_matmul_workspace(ctx, nin, in, a);
   default: return 0;
   }
 }

@@ -81,6 +81,9 @@ bool rm_cpu_avx512(rm_ctx *ctx);
 /* Workspace bytes one call of attention, attention_backward or attention_qkv_backward
  * takes (kernels/cpu/attention.c), for dry runs. */
 size_t rm_cpu_attention_workspace(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a);
+/* Bytes of workspace a triangular matmul takes (the packed k^T of the tiles, or the
+ * masked copy of the fallback); 0 for a plain one. */
+size_t rm_cpu_matmul_workspace(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a);
 
 /* The data of a tensor of index values (gather/index_select/embedding indices,
  * cross_entropy labels: 1-based), whichever of its four dtypes (int64, int32, or whole

@@ -139,7 +139,67 @@ typedef struct {
   const float *pa, *pb;
   float *bp;                    /* packed: each product's B (K x Np), 0 outside B's triangle and past N */
   float *py;
+  int64_t nbad;                 /* per product: bad (tri = a or b) entries, then a flag */
+  int64_t *bad;                 /* see tri_bad */
 } tri_job;
+
+/* Where the other operand of a triangular one holds inf or NaN. A masked copy's product
+ * multiplies them by the zeros outside the triangle (NaN), which the tiles never visit:
+ * they write that NaN afterwards, so both paths give the plain product of a masked copy.
+ * tri = a: per column j of B, the last row k holding one (lower: row i of the result is
+ * NaN there when k > i) or the first (upper: when k < i); tri = b: per row i of A, the
+ * first column k (b lower keeps k >= j: NaN at j > k) or the last (upper: at j < k).
+ * bad[L] is 1 when any was found (L = N or M). */
+static void tri_bad(const tri_job *J, int64_t i) {
+  int64_t oa, ob;
+  rm_batch_offsets(i, J->nb, J->bshape, J->sa, J->sb, &oa, &ob);
+  const bool ta = J->tri == RM_TRI_A, up = J->upper;
+  const int64_t L = ta ? J->N : J->M, R = J->K, none = ta != up ? -1 : R;
+  const operand *o = ta ? J->B : J->A;
+  const float *p = ta ? J->pb + ob : J->pa + oa;
+  const int64_t sl = ta ? o->sc : o->sr, sk = ta ? o->sr : o->sc;   /* strides along L and along K */
+  int64_t *bad = J->bad + i * (L + 1);
+  bad[L] = 0;
+  /* first whether there is any (0 x inf and 0 x NaN are NaN), in one pass along the
+   * operand's contiguous dim: the search below is per line, in an order with no locality */
+  const bool lfast = sl == 1 || sl < sk;
+  const int64_t n_out = lfast ? R : L, n_in = lfast ? L : R, s_out = lfast ? sk : sl, s_in = lfast ? sl : sk;
+  float z = 0.0f;
+  for (int64_t u = 0; u < n_out; u++) {
+    const float *q = p + u * s_out;
+    _Pragma("omp simd reduction(+:z)")
+    for (int64_t w = 0; w < n_in; w++) z += q[w * s_in] * 0.0f;
+  }
+  if (z == 0.0f) return;
+  for (int64_t l = 0; l < L; l++) {
+    int64_t at = none;
+    for (int64_t k = 0; k < R; k++) {
+      float v = p[l * sl + k * sk];
+      if (!(v - v == 0.0f)) {   /* inf or NaN */
+        at = k;
+        if (ta == up) break;           /* the first is wanted */
+      }
+    }
+    bad[l] = at;
+    bad[L] |= at != none;
+  }
+}
+
+/* tri_bad's NaN for rows [i0, i0 + rows) of product i's result y (rows of N). */
+static void tri_bad_rows(const tri_job *J, int64_t i, int64_t i0, int64_t rows, float *y) {
+  const bool ta = J->tri == RM_TRI_A, up = J->upper;
+  const int64_t L = ta ? J->N : J->M, N = J->N;
+  const int64_t *bad = J->bad + i * (L + 1);
+  if (!bad[L]) return;
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t row = i0 + r;
+    for (int64_t j = 0; j < N; j++) {
+      int64_t k = ta ? bad[j] : bad[row];
+      bool nan = ta ? (up ? k < row : k > row) : (up ? k > j : k < j);
+      if (nan) y[r * N + j] = NAN;
+    }
+  }
+}
 
 #define RM_V4 __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast")))
 
@@ -183,9 +243,17 @@ RM_V4 static void tri_pack(const tri_job *J, int64_t i) {
 #define TRI_ACC(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = _mm512_setzero_ps();
 #define TRI_FMA(r) { __m512 x = _mm512_set1_ps(ar[r][k * sc]); \
                      c##r##a = _mm512_fmadd_ps(x, b0, c##r##a); c##r##b = _mm512_fmadd_ps(x, b1, c##r##b); }
-/* a's entries outside its triangle read as 0: row i0 + r keeps k <= i0 + r (k >= with upper) */
-#define TRI_FMA_EDGE(r) { __m512 x = _mm512_set1_ps((upper ? k >= i0 + r : k <= i0 + r) ? ar[r][k * sc] : 0.0f); \
-                          c##r##a = _mm512_fmadd_ps(x, b0, c##r##a); c##r##b = _mm512_fmadd_ps(x, b1, c##r##b); }
+/* a's entries outside its triangle are left out: row i0 + r keeps k <= i0 + r (k >= with
+ * upper); its terms are not multiplied by 0 (an inf or NaN of b there does not reach the
+ * sum, as in a term past the edge, which is not visited at all) */
+#define TRI_FMA_EDGE(r) { __mmask16 in = (upper ? k >= i0 + r : k <= i0 + r) ? 0xffff : 0;                 \
+                          __m512 x = _mm512_set1_ps(ar[r][k * sc]);                                       \
+                          c##r##a = _mm512_mask3_fmadd_ps(x, b0, c##r##a, in);                            \
+                          c##r##b = _mm512_mask3_fmadd_ps(x, b1, c##r##b, in); }
+/* b's row k keeps the lanes bm (its triangle's edge, tri = b): the others left out */
+#define TRI_FMA_LANES(r) { __m512 x = _mm512_set1_ps(ar[r][k * sc]);                                      \
+                           c##r##a = _mm512_mask3_fmadd_ps(x, b0, c##r##a, (__mmask16)(bm & 0xffff));      \
+                           c##r##b = _mm512_mask3_fmadd_ps(x, b1, c##r##b, (__mmask16)(bm >> 16)); }
 /* row r's columns of the tile, by masked stores: those before N, and of a triangular
  * result (out) those in its triangle, j >= i (upper) or j <= i */
 #define TRI_STORE(r) if (r < rows) {                                                              \
@@ -223,6 +291,7 @@ RM_V4 static inline __attribute__((always_inline)) void tri_tile(const float *co
   for (int64_t k = e0; k < e1; k++) {
     TRI_LOAD_B(tri == RM_TRI_B)
     if (tri == RM_TRI_A) { TRI_EACH(TRI_FMA_EDGE) }
+    else if (tri == RM_TRI_B) { TRI_EACH(TRI_FMA_LANES) }
     else { TRI_EACH(TRI_FMA) }
   }
   for (int64_t k = e1; k < k1; k++) {
@@ -282,6 +351,7 @@ RM_V4 static void tri_task(const tri_job *J, int64_t task) {
     if (up) fill_f32(y + r * N, row, J->fill);
     else if (row + 1 < N) fill_f32(y + r * N + row + 1, N - row - 1, J->fill);
   }
+  if (J->bad) tri_bad_rows(J, i, i0, rows, y);
 }
 
 /* The triangular product y = A B (float32, AVX-512) of the batch: B packed per product
@@ -291,14 +361,19 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
                           const int64_t *bshape, const int64_t *sa, const int64_t *sb, int64_t batch) {
   int64_t M = A->rows, K = A->cols, N = B->cols, Np = (N + TRI_COLS - 1) / TRI_COLS * TRI_COLS;
   const bool packed = B->sc != 1;
-  int64_t nbp = packed ? batch * K * Np : 0;
-  rm_tensor *ws = packed ? rm_tensor_new(ctx, RM_F32, RM_CPU, 1, &nbp, RM_CAT_WORKSPACE) : NULL;
-  if (packed && !ws) return ctx->err_code;
+  const int tri = (int)a->matmul.tri;
+  int64_t nbad = tri == RM_TRI_A ? N + 1 : tri == RM_TRI_B ? M + 1 : 0;
+  /* floats: the packed B, then the int64 of tri_bad (two floats each) */
+  int64_t nbp = (packed ? batch * K * Np : 0) + 2 * batch * nbad;
+  rm_tensor *ws = nbp ? rm_tensor_new(ctx, RM_F32, RM_CPU, 1, &nbp, RM_CAT_WORKSPACE) : NULL;
+  if (nbp && !ws) return ctx->err_code;
+  float *wp = ws ? rm_tensor_ptr(ws) : NULL;
   tri_job J = { .tri = (int)a->matmul.tri, .upper = a->matmul.upper, .packed = packed,
                 .fill = a->matmul.neg_inf ? -INFINITY : 0.0f, .M = M, .N = N, .K = K, .Np = Np,
                 .tiles = (M + TRI_ROWS - 1) / TRI_ROWS, .A = A, .B = B, .nb = nb, .bshape = bshape, .sa = sa,
-                .sb = sb, .pa = rm_tensor_ptr(A->t), .pb = rm_tensor_ptr(B->t), .bp = ws ? rm_tensor_ptr(ws) : NULL,
-                .py = rm_tensor_ptr(y) };
+                .sb = sb, .pa = rm_tensor_ptr(A->t), .pb = rm_tensor_ptr(B->t), .bp = packed ? wp : NULL,
+                .py = rm_tensor_ptr(y), .nbad = nbad,
+                .bad = nbad ? (int64_t *)(void *)(wp + (packed ? batch * K * Np : 0)) : NULL };
   const bool par = (double)batch * (double)M * (double)N * (double)K > RM_CPU_PAR_MIN && !omp_in_parallel();
   if (!par || batch >= 2 * omp_get_max_threads()) {
     /* whole products per thread: a product's packed B stays in its thread's cache
@@ -307,14 +382,16 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
     _Pragma("omp parallel for schedule(static) if (par)")
     for (int64_t i = 0; i < batch; i++) {
       if (packed) tri_pack(&J, i);
+      if (J.bad) tri_bad(&J, i);
       for (int64_t t = i * J.tiles; t < (i + 1) * J.tiles; t++) tri_task(&J, t);
     }
   } else {
     _Pragma("omp parallel")
     {
-      if (packed) {
-        _Pragma("omp for schedule(static)")
-        for (int64_t i = 0; i < batch; i++) tri_pack(&J, i);
+      _Pragma("omp for schedule(static)")
+      for (int64_t i = 0; i < batch; i++) {
+        if (packed) tri_pack(&J, i);
+        if (J.bad) tri_bad(&J, i);
       }
       _Pragma("omp for schedule(static, 1)")
       for (int64_t t = 0; t < batch * J.tiles; t++) tri_task(&J, t);
@@ -322,6 +399,32 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
   }
   rm_tensor_drop(ctx, ws);
   return RM_OK;
+}
+
+size_t rm_cpu_matmul_workspace(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a) {
+  const int tri = a ? (int)a->matmul.tri : RM_TRI_NONE;
+  if (tri == RM_TRI_NONE || nin != 2 || in[0]->ndim < 2 || in[1]->ndim < 2) return 0;
+  const rm_tensor *x = in[0], *b = in[1];
+  size_t es = rm_dtype_size(x->dtype);
+  if (x->dtype != RM_F32 || !rm_cpu_avx512(ctx)) {   /* the masked copy */
+    const rm_tensor *t = tri == RM_TRI_A ? x : tri == RM_TRI_B ? b : NULL;
+    return t ? (size_t)rm_tensor_numel(t) * es : 0;
+  }
+  int nd = b->ndim;
+  int64_t M = x->shape[x->ndim - 2], K = b->shape[nd - 2], N = b->shape[nd - 1];
+  int64_t sr = b->stride[nd - 2], sc = b->stride[nd - 1];
+  int nx = x->ndim - 2, nbd = nd - 2, n = nx > nbd ? nx : nbd;
+  int64_t batch = 1;
+  for (int d = 0; d < n; d++) {   /* the broadcast batch dims, aligned at the right */
+    int64_t sx = d - (n - nx) >= 0 ? x->shape[d - (n - nx)] : 1, sy = d - (n - nbd) >= 0 ? b->shape[d - (n - nbd)] : 1;
+    batch *= sx > sy ? sx : sy;
+  }
+  /* the packed B when it is read down its columns (not when copied first: not predicted) */
+  rm_blasmat m;
+  int64_t Np = (N + TRI_COLS - 1) / TRI_COLS * TRI_COLS;
+  size_t bytes = sc != 1 && rm_as_blas(K, N, sr, sc, &m) ? (size_t)(batch * K * Np) * sizeof(float) : 0;
+  int64_t nbad = tri == RM_TRI_A ? N + 1 : tri == RM_TRI_B ? M + 1 : 0;   /* tri_bad's */
+  return bytes + (size_t)(batch * nbad) * sizeof(int64_t);
 }
 
 RM_CPU_KERNEL(matmul) {
@@ -373,6 +476,7 @@ RM_CPU_KERNEL(matmul) {
       rm_tensor_drop(ctx, cb);
       cb = c;
       operand_geo(&B, c, false);
+      batch_strides(&B, nb, bshape, sb);
     }
     rc = tri_f32_avx512(ctx, a, y, &A, &B, nb, bshape, sa, sb, batch);
     goto done;

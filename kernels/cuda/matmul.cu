@@ -135,7 +135,7 @@ static void batch_strides(const operand *o, int nb, const int64_t *bshape, int64
   }
 }
 
-/* Entries outside the triangle (j <= i, or j >= i with upper) of n / (len x len)
+/* Entries outside the triangle (those with j > i; j < i with upper) of n / (len x len)
  * contiguous matrices set to fill. */
 template <class T>
 __global__ void tri_fill_kernel(T *p, int64_t n, int64_t len, bool upper, float fill) {
@@ -180,10 +180,11 @@ RM_CUDA_KERNEL(matmul) {
   operand A, B;
   void *ca = NULL, *cb = NULL, *cm = NULL;
   size_t cm_bytes = 0;
-  int rc = operand_prepare(ctx, &A, in[0], true, &ca);
-  if (!rc) rc = operand_prepare(ctx, &B, in[1], false, &cb);
-  if (!rc && tri == RM_TRI_A) rc = tri_operand(ctx, &A, in[0], true, upper, &cm, &cm_bytes);
-  if (!rc && tri == RM_TRI_B) rc = tri_operand(ctx, &B, in[1], false, upper, &cm, &cm_bytes);
+  /* a triangular operand is read from its masked copy (contiguous), the other as usual */
+  int rc = tri == RM_TRI_A ? tri_operand(ctx, &A, in[0], true, upper, &cm, &cm_bytes)
+                           : operand_prepare(ctx, &A, in[0], true, &ca);
+  if (!rc) rc = tri == RM_TRI_B ? tri_operand(ctx, &B, in[1], false, upper, &cm, &cm_bytes)
+                                : operand_prepare(ctx, &B, in[1], false, &cb);
   int64_t M = A.rows, K = A.cols, N = B.cols;
   int nb = A.nbatch > B.nbatch ? A.nbatch : B.nbatch;
   int64_t bshape[RM_MAX_DIM], sa[RM_MAX_DIM], sb[RM_MAX_DIM], batch = 1;

@@ -288,6 +288,81 @@ return function(K)
             check_tri(K.tensor(va, sa), va, sa, K.tensor(vb, sb), vb, sb, at, "NaN inside")
           end
         end,
+        ["triangular: an inf or NaN of the other operand makes NaN where it meets the zeros outside"] = function()
+          -- as the plain product of a copy zeroed outside the triangle (0 x inf): the
+          -- CPU's tiles never visit those terms and write the NaN afterwards
+          for _, at in ipairs({ { tri = 2 }, { tri = 2, upper = true }, { tri = 3 }, { tri = 3, upper = true } }) do
+            local T, D = 37, 5
+            local sa, sb = tri_shapes(at.tri, T, D, 2)
+            local _, va = rand(sa)
+            local _, vb = rand(sb)
+            local other = at.tri == 2 and vb or va
+            other[3] = inf; other[#other // 2] = nan; other[#other - 1] = -inf
+            -- two in one column of b (tri = a) or one row of a (tri = b): the first and the
+            -- last of them decide different rows or columns
+            if at.tri == 2 then other[2 * D + 2], other[30 * D + 2] = inf, nan
+            else other[T + 5], other[T + 33] = -inf, inf end
+            check_tri(K.tensor(va, sa), va, sa, K.tensor(vb, sb), vb, sb, at, "non-finite other operand")
+          end
+        end,
+        ["triangular: float32 gradients through the tiles are those of the masked plain product"] = function()
+          for _, at in ipairs(tri_attrs()) do
+            local sa, sb = tri_shapes(at.tri, 19, 6, 2)
+            local ta = rand(sa)
+            local tb = rand(sb)
+            local gy
+            local function grads(f)
+              local a, b = C.detach(ta), C.detach(tb)
+              C.requires_grad(a, true); C.requires_grad(b, true)
+              local y = f(a, b)
+              gy = gy or K.rand((C.info(y)))
+              C.backward(y, gy)
+              return C.flat(C.grad(a)), C.flat(C.grad(b))
+            end
+            local ga, gb = grads(function(a, b) return op("matmul", at, a, b) end)
+            local ea, eb = grads(function(a, b)
+              local m = ({ [2] = a, [3] = b })[at.tri]
+              if m then
+                local s = C.info(m)
+                local keep = K.tensor(tri_mask(kit.values(s, 1, 1), s, at.upper, 0), s)
+                if at.tri == 2 then a = C.op(C.ops.mul, nil, a, keep) else b = C.op(C.ops.mul, nil, b, keep) end
+              end
+              local y = op("matmul", nil, a, b)
+              if at.tri == 1 then
+                local s = C.info(y)
+                y = C.op(C.ops.mul, nil, y, K.tensor(tri_mask(kit.values(s, 1, 1), s, at.upper, 0), s))
+              end
+              return y
+            end)
+            local function close(g, e, what)
+              for i = 1, #e do
+                assert(math.abs(g[i] - e[i]) <= tol * math.max(1, math.abs(e[i])),
+                       ("%s tri=%d%s [%d]: %.9g vs %.9g"):format(what, at.tri, at.upper and " upper" or "", i, g[i], e[i]))
+              end
+            end
+            close(ga, ea, "grad a")
+            close(gb, eb, "grad b")
+          end
+        end,
+        ["triangular: the same on the fallback path (REMAT_NO_AVX512, on an AVX-512 machine)"] = function()
+          if K.device ~= "cpu" or K.dtype ~= "float32" or remat.info().vector_path ~= "avx512" then return end
+          local names = {
+            "triangular: every tri and triangle, sizes around the CPU's 8 x 32 tiles",
+            "triangular: transposed operands (attention's k^T, p^T, q^T views)",
+            "triangular: an inf or NaN of the other operand makes NaN where it meets the zeros outside",
+            "triangular: float32 gradients through the tiles are those of the masked plain product",
+          }
+          local calls = {}
+          for _, n in ipairs(names) do calls[#calls + 1] = ("cases[%q]()"):format(n) end
+          local script = ("local K = require('support.kit').new('float32', 'cpu'); "
+            .. "assert(require('remat').info().vector_path ~= 'avx512', 'REMAT_NO_AVX512 was ignored'); "
+            .. "local cases = require('cases.matmul')(K).matmul.forward; %s; print('fallback ok')"):format(table.concat(calls, "; "))
+          local exe = (os.getenv("REMAT_BUILD") or "build") .. "/remat"
+          local pipe = assert(io.popen(("env REMAT_NO_AVX512=1 %s -e %q 2>&1"):format(exe, script)))
+          local out = pipe:read("a")
+          pipe:close()
+          assert(out:find("fallback ok", 1, true), "the fallback path: " .. out)
+        end,
         ["triangular: K = 0 gives zeros inside the triangle, the fill outside"] = function()
           K.check(op("matmul", { tri = 1, neg_inf = true }, K.tensor({}, { 2, 0 }), K.tensor({}, { 0, 2 })),
                   { 0, -inf, 0, 0 }, { 2, 2 })
