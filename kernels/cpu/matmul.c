@@ -145,7 +145,8 @@ typedef struct {
 
 /* Where the other operand of a triangular one holds inf or NaN. A masked copy's product
  * multiplies them by the zeros outside the triangle (NaN), which the tiles never visit:
- * they write that NaN afterwards, so both paths give the plain product of a masked copy.
+ * they write that NaN afterwards (tri_bad_fix), so both paths give the plain product of
+ * a masked copy.
  * tri = a: per column j of B, the last row k holding one (lower: row i of the result is
  * NaN there when k > i) or the first (upper: when k < i); tri = b: per row i of A, the
  * first column k (b lower keeps k >= j: NaN at j > k) or the last (upper: at j < k).
@@ -185,20 +186,21 @@ static void tri_bad(const tri_job *J, int64_t i) {
   }
 }
 
-/* tri_bad's NaN for rows [i0, i0 + rows) of product i's result y (rows of N). */
-static void tri_bad_rows(const tri_job *J, int64_t i, int64_t i0, int64_t rows, float *y) {
+/* tri_bad, then its NaN in product i's result (after its tiles: the operand is in cache
+ * then, and a result with none, the usual case, costs one pass over it). */
+static void tri_bad_fix(const tri_job *J, int64_t i) {
+  tri_bad(J, i);
   const bool ta = J->tri == RM_TRI_A, up = J->upper;
-  const int64_t L = ta ? J->N : J->M, N = J->N;
+  const int64_t L = ta ? J->N : J->M, M = J->M, N = J->N;
   const int64_t *bad = J->bad + i * (L + 1);
   if (!bad[L]) return;
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t row = i0 + r;
+  float *y = J->py + i * M * N;
+  for (int64_t row = 0; row < M; row++)
     for (int64_t j = 0; j < N; j++) {
       int64_t k = ta ? bad[j] : bad[row];
       bool nan = ta ? (up ? k < row : k > row) : (up ? k > j : k < j);
-      if (nan) y[r * N + j] = NAN;
+      if (nan) y[row * N + j] = NAN;
     }
-  }
 }
 
 #define RM_V4 __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast")))
@@ -351,7 +353,6 @@ RM_V4 static void tri_task(const tri_job *J, int64_t task) {
     if (up) fill_f32(y + r * N, row, J->fill);
     else if (row + 1 < N) fill_f32(y + r * N + row + 1, N - row - 1, J->fill);
   }
-  if (J->bad) tri_bad_rows(J, i, i0, rows, y);
 }
 
 /* The triangular product y = A B (float32, AVX-512) of the batch: B packed per product
@@ -382,19 +383,22 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
     _Pragma("omp parallel for schedule(static) if (par)")
     for (int64_t i = 0; i < batch; i++) {
       if (packed) tri_pack(&J, i);
-      if (J.bad) tri_bad(&J, i);
       for (int64_t t = i * J.tiles; t < (i + 1) * J.tiles; t++) tri_task(&J, t);
+      if (J.bad) tri_bad_fix(&J, i);
     }
   } else {
     _Pragma("omp parallel")
     {
-      _Pragma("omp for schedule(static)")
-      for (int64_t i = 0; i < batch; i++) {
-        if (packed) tri_pack(&J, i);
-        if (J.bad) tri_bad(&J, i);
+      if (packed) {
+        _Pragma("omp for schedule(static)")
+        for (int64_t i = 0; i < batch; i++) tri_pack(&J, i);
       }
       _Pragma("omp for schedule(static, 1)")
       for (int64_t t = 0; t < batch * J.tiles; t++) tri_task(&J, t);
+      if (J.bad) {
+        _Pragma("omp for schedule(static)")
+        for (int64_t i = 0; i < batch; i++) tri_bad_fix(&J, i);
+      }
     }
   }
   rm_tensor_drop(ctx, ws);
