@@ -57,6 +57,10 @@ typedef struct rm_backend {
    * scratch block buf (bytes long, the working set in question): written and read back
    * (*roundtrip), and read (*read). NULL where not measured (the credit is then 0). */
   int (*memory_rates)(rm_ctx *ctx, void *buf, size_t bytes, double *roundtrip, double *read);
+  /* Whether matmul's triangular products (ops.def) in dtype dt skip what lies outside
+   * the triangle; elsewhere they are the plain product plus a masked copy or fill, so
+   * a caller with a choice (the composed attention) takes the plain product. NULL: never. */
+  bool (*tri_products)(rm_ctx *ctx, rm_dtype dt);
   bool supports_dtype[RM_DTYPE_COUNT];
   /* The ops whose kernels take int32/int64 data (inputs other than index inputs, and
    * outputs other than index outputs: rm_op_def.index_in/index_out); every other op

@@ -4,7 +4,8 @@
  * Two paths compute the same function:
  * - composed: registry ops, so that selective checkpoint policies can name each step
  *   ("matmul", "softmax" with its scale and causal mask, "dropout"); it stores the
- *   (B, heads, T, T) probabilities for backward. Both products are triangular (matmul's
+ *   (B, heads, T, T) probabilities for backward. Where the backend skips what lies
+ *   outside a triangle (rm_backend.tri_products), both products are triangular (matmul's
  *   tri attrs): q k^T only on and below the diagonal, p v reading p there only.
  * - fused: the "attention" op in its packed form, on the qkv projection's (B, T, 3d)
  *   output itself: it never stores the T x T matrix (it keeps its output and a per-row
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend.h"
 #include "module.h"
 
 /* t = expr, dropping the old t; jumps to fail when expr fails. */
@@ -76,8 +78,12 @@ static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor 
   STEP(v, rm_transpose(ctx, v, 1, 2));
   STEP(k, rm_transpose(ctx, k, 2, 3));                           /* (B, H, D, T) */
   /* the scores on and below the diagonal only (-inf above it, which the causal softmax
-   * never reads): the CPU computes half the product, and its gradients likewise */
-  att = rm_matmul_tri(ctx, q, k, RM_TRI_OUT, false, true);       /* (B, H, T, T) */
+   * never reads), where the backend computes only that part (the CPU's float32 tiles on
+   * AVX-512); elsewhere a triangular product costs more than the plain one, whose
+   * entries above the diagonal the softmax does not read either */
+  const rm_backend *be = rm_backend_get(ctx, q->device);
+  const bool tri = be && be->tri_products && be->tri_products(ctx, q->dtype);
+  att = tri ? rm_matmul_tri(ctx, q, k, RM_TRI_OUT, false, true) : rm_matmul(ctx, q, k);   /* (B, H, T, T) */
   rm_tensor_drop(ctx, q);
   rm_tensor_drop(ctx, k);
   q = k = NULL;
@@ -85,9 +91,8 @@ static int attention_forward(rm_ctx *ctx, rm_module *m, rm_tensor *x, rm_tensor 
   /* softmax(causal_mask(scale * scores)) in one op (one pass over the T x T scores) */
   STEP(att, rm_softmax_scaled(ctx, att, 1.0 / sqrt((double)D), true));
   if (m->training && m->cfg_f[0] > 0) STEP(att, rm_dropout(ctx, att, m->cfg_f[0]));
-  /* the probabilities are 0 above the diagonal: read as 0 there (the CPU's tiles skip
-   * those terms) */
-  STEP(att, rm_matmul_tri(ctx, att, v, RM_TRI_A, false, false)); /* (B, H, T, D) */
+  /* the probabilities are 0 above the diagonal: the tiles skip those terms */
+  STEP(att, tri ? rm_matmul_tri(ctx, att, v, RM_TRI_A, false, false) : rm_matmul(ctx, att, v));   /* (B, H, T, D) */
   rm_tensor_drop(ctx, v);
   v = NULL;
   STEP(att, rm_transpose(ctx, att, 1, 2));                       /* (B, T, H, D) */

@@ -43,6 +43,7 @@ const rm_backend rm_cpu_backend = {
   .runtime_info = rm_cpu_runtime_info,
   .workspace = rm_cpu_workspace,
   .memory_rates = rm_cpu_memory_rates,
+  .tri_products = rm_cpu_tri_products,
   .supports_dtype = { [RM_F32] = true, [RM_F64] = true, [RM_I32] = true, [RM_I64] = true },
   .int_ops = { [RM_OP_ADD] = true, [RM_OP_SUB] = true, [RM_OP_MUL] = true, [RM_OP_NEG] = true,
                [RM_OP_ABS] = true, [RM_OP_ADD_SCALAR] = true, [RM_OP_MUL_SCALAR] = true,

@@ -84,6 +84,8 @@ size_t rm_cpu_attention_workspace(rm_op_id op, int nin, rm_tensor *const *in, co
 /* Bytes of workspace a triangular matmul takes (the packed k^T of the tiles, or the
  * masked copy of the fallback); 0 for a plain one. */
 size_t rm_cpu_matmul_workspace(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a);
+/* Whether triangular products in dt run through the tiles (float32, AVX-512). */
+bool rm_cpu_tri_products(rm_ctx *ctx, rm_dtype dt);
 
 /* The data of a tensor of index values (gather/index_select/embedding indices,
  * cross_entropy labels: 1-based), whichever of its four dtypes (int64, int32, or whole

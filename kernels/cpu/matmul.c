@@ -405,12 +405,14 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
   return RM_OK;
 }
 
+bool rm_cpu_tri_products(rm_ctx *ctx, rm_dtype dt) { return dt == RM_F32 && rm_cpu_avx512(ctx); }
+
 size_t rm_cpu_matmul_workspace(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a) {
   const int tri = a ? (int)a->matmul.tri : RM_TRI_NONE;
   if (tri == RM_TRI_NONE || nin != 2 || in[0]->ndim < 2 || in[1]->ndim < 2) return 0;
   const rm_tensor *x = in[0], *b = in[1];
   size_t es = rm_dtype_size(x->dtype);
-  if (x->dtype != RM_F32 || !rm_cpu_avx512(ctx)) {   /* the masked copy */
+  if (!rm_cpu_tri_products(ctx, x->dtype)) {   /* the masked copy */
     const rm_tensor *t = tri == RM_TRI_A ? x : tri == RM_TRI_B ? b : NULL;
     return t ? (size_t)rm_tensor_numel(t) * es : 0;
   }
@@ -438,7 +440,7 @@ RM_CPU_KERNEL(matmul) {
   const bool upper = a && a->matmul.upper;
   /* the tiles: float32 on AVX-512; otherwise a triangular operand is read through a
    * masked copy and a triangular result masked after the plain product */
-  const bool tiles = tri != RM_TRI_NONE && y->dtype == RM_F32 && rm_cpu_avx512(ctx);
+  const bool tiles = tri != RM_TRI_NONE && rm_cpu_tri_products(ctx, y->dtype);
   bool fill_after = tri == RM_TRI_OUT && !tiles;   /* a triangular result masked after the plain product */
   rm_tensor *masked = NULL, *ops[2] = { in[0], in[1] };
   if (!tiles && (tri == RM_TRI_A || tri == RM_TRI_B)) {
