@@ -12,7 +12,9 @@
 #include <string.h>
 
 #include "cpu.h"
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#endif
 #include "../blas_layout.h"
 #include "../../core/ops.h"
 
@@ -94,11 +96,10 @@ static void batch_strides(const operand *o, int nb, const int64_t *bshape, int64
   }
 }
 
-
 /* ---- triangular products ---- */
 
-/* fill outside the triangle (the diagonal and below it; above it with upper) of each of
- * the n contiguous (T x T) matrices at p. */
+/* Sets to fill the entries outside the triangle (the diagonal and what lies below it, or
+ * above it with upper) of each of the n contiguous (T x T) matrices at p. */
 static void tri_fill(rm_dtype dt, void *p, int64_t n, int64_t T, bool upper, double fill) {
   _Pragma("omp parallel for if (n * T * T > RM_CPU_PAR_MIN)")
   for (int64_t r = 0; r < n * T; r++) {
@@ -127,6 +128,8 @@ static rm_tensor *tri_masked_copy(rm_ctx *ctx, rm_tensor *t, bool upper) {
  * one thread over its k range in order: the bits do not depend on the thread count. */
 #define TRI_ROWS 8
 #define TRI_COLS 32
+
+#if defined(__x86_64__) && defined(__GNUC__)
 
 typedef struct {
   int tri;
@@ -186,8 +189,9 @@ static void tri_bad(const tri_job *J, int64_t i) {
   }
 }
 
-/* tri_bad, then its NaN in product i's result (after its tiles: the operand is in cache
- * then, and a result with none, the usual case, costs one pass over it). */
+/* tri_bad, then its NaN in product i's result. Run after the product's tiles: the
+ * operand is in cache then, and when it holds no inf or NaN (the usual case) the check
+ * is one pass over it. */
 static void tri_bad_fix(const tri_job *J, int64_t i) {
   tri_bad(J, i);
   const bool ta = J->tri == RM_TRI_A, up = J->upper;
@@ -203,7 +207,8 @@ static void tri_bad_fix(const tri_job *J, int64_t i) {
     }
 }
 
-#define RM_V4 __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast")))
+/* The tiles use AVX-512F only (rm_cpu_avx512 checks for it at run time). */
+#define RM_V4 __attribute__((target("avx512f")))
 
 /* Bits lo..hi-1 of 32 (none when hi <= lo). */
 RM_V4 static inline __attribute__((always_inline)) uint32_t lanes_(int64_t lo, int64_t hi) {
@@ -239,7 +244,6 @@ RM_V4 static void tri_pack(const tri_job *J, int64_t i) {
   }
 }
 
-
 /* The rows of a tile: ar[r] points at row i0 + r of A (the last row again past M). */
 #define TRI_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 #define TRI_ACC(r) __m512 c##r##a = _mm512_setzero_ps(), c##r##b = _mm512_setzero_ps();
@@ -263,7 +267,6 @@ RM_V4 static void tri_pack(const tri_job *J, int64_t i) {
     uint32_t m = lanes_(out && upper ? d : 0, out && !upper && d + 1 < cols ? d + 1 : cols);      \
     _mm512_mask_storeu_ps(y + r * ldy, (__mmask16)(m & 0xffff), c##r##a);                        \
     _mm512_mask_storeu_ps(y + r * ldy + 16, (__mmask16)(m >> 16), c##r##b); }
-
 
 /* The two halves of B's row k in j0's tile: the columns cm keeps (those before N), and
  * of them, in B's triangle's edge (tri = b), those its row k keeps. */
@@ -404,6 +407,13 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
   rm_tensor_drop(ctx, ws);
   return RM_OK;
 }
+#else
+/* Not reached: rm_cpu_avx512 is false where the tiles are not built. */
+static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const operand *A, const operand *B, int nb,
+                          const int64_t *bshape, const int64_t *sa, const int64_t *sb, int64_t batch) {
+  return rm_fail(ctx, RM_ERR_STATE, "matmul: no AVX-512 tiles in this build");
+}
+#endif
 
 bool rm_cpu_tri_products(rm_ctx *ctx, rm_dtype dt) { return dt == RM_F32 && rm_cpu_avx512(ctx); }
 
