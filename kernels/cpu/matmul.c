@@ -129,6 +129,13 @@ static rm_tensor *tri_masked_copy(rm_ctx *ctx, rm_tensor *t, bool upper) {
 #define TRI_ROWS 8
 #define TRI_COLS 32
 
+/* Columns of a packed B (N rounded up to whole tiles), and tri_bad's int64 per product
+ * (tri = a: N of them, b: M, then a flag). */
+static int64_t tri_np(int64_t N) { return (N + TRI_COLS - 1) / TRI_COLS * TRI_COLS; }
+static int64_t tri_bad_len(int tri, int64_t M, int64_t N) {
+  return tri == RM_TRI_A ? N + 1 : tri == RM_TRI_B ? M + 1 : 0;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 
 typedef struct {
@@ -142,8 +149,7 @@ typedef struct {
   const float *pa, *pb;
   float *bp;                    /* packed: each product's B (K x Np), 0 outside B's triangle and past N */
   float *py;
-  int64_t nbad;                 /* per product: bad (tri = a or b) entries, then a flag */
-  int64_t *bad;                 /* see tri_bad */
+  int64_t *bad;                 /* tri_bad's, tri_bad_len a product */
 } tri_job;
 
 /* Where the other operand of a triangular one holds inf or NaN. A masked copy's product
@@ -363,10 +369,9 @@ RM_V4 static void tri_task(const tri_job *J, int64_t task) {
  * threads (the triangle makes later tiles longer or shorter). */
 static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const operand *A, const operand *B, int nb,
                           const int64_t *bshape, const int64_t *sa, const int64_t *sb, int64_t batch) {
-  int64_t M = A->rows, K = A->cols, N = B->cols, Np = (N + TRI_COLS - 1) / TRI_COLS * TRI_COLS;
+  int64_t M = A->rows, K = A->cols, N = B->cols, Np = tri_np(N);
   const bool packed = B->sc != 1;
-  const int tri = (int)a->matmul.tri;
-  int64_t nbad = tri == RM_TRI_A ? N + 1 : tri == RM_TRI_B ? M + 1 : 0;
+  int64_t nbad = tri_bad_len((int)a->matmul.tri, M, N);
   /* floats: the packed B, then the int64 of tri_bad (two floats each) */
   int64_t nbp = (packed ? batch * K * Np : 0) + 2 * batch * nbad;
   rm_tensor *ws = nbp ? rm_tensor_new(ctx, RM_F32, RM_CPU, 1, &nbp, RM_CAT_WORKSPACE) : NULL;
@@ -376,13 +381,13 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
                 .fill = a->matmul.neg_inf ? -INFINITY : 0.0f, .M = M, .N = N, .K = K, .Np = Np,
                 .tiles = (M + TRI_ROWS - 1) / TRI_ROWS, .A = A, .B = B, .nb = nb, .bshape = bshape, .sa = sa,
                 .sb = sb, .pa = rm_tensor_ptr(A->t), .pb = rm_tensor_ptr(B->t), .bp = packed ? wp : NULL,
-                .py = rm_tensor_ptr(y), .nbad = nbad,
+                .py = rm_tensor_ptr(y),
                 .bad = nbad ? (int64_t *)(void *)(wp + (packed ? batch * K * Np : 0)) : NULL };
   const bool par = (double)batch * (double)M * (double)N * (double)K > RM_CPU_PAR_MIN && !omp_in_parallel();
   if (!par || batch >= 2 * omp_get_max_threads()) {
-    /* whole products per thread: a product's packed B stays in its thread's cache
-     * (split by row tiles, attention's scores ran 0.8x faster on two threads than on one
-     * instead of 0.55x: the packed rows crossed between the cores) */
+    /* whole products per thread: a product's packed B stays in its thread's cache (split
+     * by row tiles, two threads took 0.66-0.68x of one thread's time for attention's
+     * scores, against 0.55-0.58x this way: the packed rows crossed between the cores) */
     _Pragma("omp parallel for schedule(static) if (par)")
     for (int64_t i = 0; i < batch; i++) {
       if (packed) tri_pack(&J, i);
@@ -426,21 +431,15 @@ size_t rm_cpu_matmul_workspace(rm_ctx *ctx, int nin, rm_tensor *const *in, const
     const rm_tensor *t = tri == RM_TRI_A ? x : tri == RM_TRI_B ? b : NULL;
     return t ? (size_t)rm_tensor_numel(t) * es : 0;
   }
-  int nd = b->ndim;
+  int nd = b->ndim, n;
   int64_t M = x->shape[x->ndim - 2], K = b->shape[nd - 2], N = b->shape[nd - 1];
-  int64_t sr = b->stride[nd - 2], sc = b->stride[nd - 1];
-  int nx = x->ndim - 2, nbd = nd - 2, n = nx > nbd ? nx : nbd;
-  int64_t batch = 1;
-  for (int d = 0; d < n; d++) {   /* the broadcast batch dims, aligned at the right */
-    int64_t sx = d - (n - nx) >= 0 ? x->shape[d - (n - nx)] : 1, sy = d - (n - nbd) >= 0 ? b->shape[d - (n - nbd)] : 1;
-    batch *= sx > sy ? sx : sy;
-  }
+  int64_t sr = b->stride[nd - 2], sc = b->stride[nd - 1], bs[RM_MAX_DIM], batch = 1;
+  if (rm_broadcast_shape(ctx, "matmul", x->ndim - 2, x->shape, nd - 2, b->shape, &n, bs)) return 0;
+  for (int d = 0; d < n; d++) batch *= bs[d];
   /* the packed B when it is read down its columns (not when copied first: not predicted) */
   rm_blasmat m;
-  int64_t Np = (N + TRI_COLS - 1) / TRI_COLS * TRI_COLS;
-  size_t bytes = sc != 1 && rm_as_blas(K, N, sr, sc, &m) ? (size_t)(batch * K * Np) * sizeof(float) : 0;
-  int64_t nbad = tri == RM_TRI_A ? N + 1 : tri == RM_TRI_B ? M + 1 : 0;   /* tri_bad's */
-  return bytes + (size_t)(batch * nbad) * sizeof(int64_t);
+  size_t bytes = sc != 1 && rm_as_blas(K, N, sr, sc, &m) ? (size_t)(batch * K * tri_np(N)) * sizeof(float) : 0;
+  return bytes + (size_t)(batch * tri_bad_len(tri, M, N)) * sizeof(int64_t);
 }
 
 RM_CPU_KERNEL(matmul) {
