@@ -7,6 +7,9 @@
 -- hot: the least mean time of 10 calls in a row over 40 batches (inputs in cache);
 -- cold: the least of 15 calls, each after a pass over 64 MiB (inputs and output in
 -- memory, as a replay in backward finds them).
+-- Then the replay of the probabilities P = softmax(S) (scaled, causal) from q and k: the
+-- two ops (the triangular S, then the softmax) against matmul_softmax, the one op the
+-- checkpoint engine replays them as where the CPU's tiles run (S is never stored).
 -- Run: remat bench/attention_products.lua   (OMP_NUM_THREADS=1 for one thread)
 local remat = require "remat"
 local C = remat._C
@@ -63,3 +66,17 @@ for _, r in ipairs(rows) do
 end
 print(("%-14s %10.0f %10.0f %6.2f %10.0f %10.0f %6.2f"):format("all six", sum[1], sum[2], sum[2] / sum[1], sum[3],
   sum[4], sum[4] / sum[3]))
+
+local sc = 32 ^ -0.5
+local two = function()
+  local sm = C.op(C.ops.matmul, { tri = 1, neg_inf = true }, q, kt)
+  local y = C.op(C.ops.softmax, { dim = 3, scale = sc, causal = true }, sm)
+  C.free(sm)
+  return y
+end
+local one = function()
+  return C.op(C.ops.matmul_softmax, { tri = 1, neg_inf = true, dim = 3, scale = sc, causal = true }, q, kt)
+end
+local a, b, c, d = hot(two), hot(one), cold(two), cold(one)
+print(("%-14s %10s %10s %6s %10s %10s %6s"):format("P from q, k", "two ops", "one op", "ratio", "cold two", "cold one", "ratio"))
+print(("%-14s %10.0f %10.0f %6.2f %10.0f %10.0f %6.2f"):format("softmax(q k^T)", a, b, b / a, c, d, d / c))

@@ -61,6 +61,11 @@ typedef struct rm_backend {
    * the triangle; elsewhere they are the plain product plus a masked copy or fill, so
    * a caller with a choice (the composed attention) takes the plain product. NULL: never. */
   bool (*tri_products)(rm_ctx *ctx, rm_dtype dt);
+  /* Whether matmul_softmax (ops.def) of a product triangular in its result (lower) under
+   * a causal softmax takes the softmax of each block of scores as it computes them,
+   * never storing the product (dtype dt). A replay of a dropped causal softmax whose
+   * scores nothing else reads then runs as that one op (core/op.c). NULL: never. */
+  bool (*scores_softmax)(rm_ctx *ctx, rm_dtype dt);
   bool supports_dtype[RM_DTYPE_COUNT];
   /* The ops whose kernels take int32/int64 data (inputs other than index inputs, and
    * outputs other than index outputs: rm_op_def.index_in/index_out); every other op

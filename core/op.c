@@ -6,6 +6,7 @@
 #include "backend.h"
 #include "op.h"
 #include "opcost.h"
+#include "ops.h"
 #include "philox.h"
 
 /* Strong references: every op in ops.def must be defined, and a static link pulls in
@@ -658,35 +659,54 @@ int rm_node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
   return rc;
 }
 
-static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
-  const rm_op_def *def = op_table[n->op];
+/* The matmul node whose product n, a causal softmax, reads, when the replay can run them
+ * as one matmul_softmax: the product is gone, only n reads it, nothing holds it, it is
+ * triangular in its result (lower: the part the causal softmax reads) and the backend
+ * computes that op without storing it (rm_backend.scores_softmax). Else NULL. */
+static rm_node *fusable_product(rm_ctx *ctx, const rm_node *n) {
+  if (n->op != RM_OP_SOFTMAX || !n->attrs.softmax.causal) return NULL;
+  rm_tensor *s = n->in[0];
+  if (s->storage || s->users != 0 || s->pins != 0 || s->readers != 1) return NULL;
+  rm_node *m = s->grad_fn ? s->grad_fn : s->producer;
+  if (!m || m->op != RM_OP_MATMUL || m->nin != 2 || m->attrs.matmul.tri != RM_TRI_OUT || m->attrs.matmul.upper)
+    return NULL;
+  const rm_backend *be = rm_backend_get(ctx, s->device);
+  return be && be->scores_softmax && be->kernel[RM_OP_MATMUL_SOFTMAX] && be->scores_softmax(ctx, s->dtype) ? m : NULL;
+}
+
+/* Rebuilds n's outputs by running op on in (n's own op and inputs, or the fused
+ * matmul_softmax on its product's inputs): the inputs made ready and pinned, the
+ * outputs n still needs given storage, the inputs evicted once nothing needs them. */
+static int replay_as(rm_ctx *ctx, rm_node *n, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
+                     rm_tensor *want) {
+  const rm_op_def *def = op_table[n->op], *run = op_table[op];
   bool fresh[RM_MAX_INPUTS] = { 0 };
   int rc = RM_OK;
   /* each input is pinned once ready: rebuilding a later input replays ops that may
    * otherwise evict an earlier one whose last use has passed (x in sub(x, mean(x))) */
   int ready = 0;
-  for (; ready < n->nin; ready++) {
-    fresh[ready] = n->in[ready]->storage == NULL;
-    if ((rc = rm_tensor_data_ready(ctx, n->in[ready]))) break;
-    n->in[ready]->pins++;
+  for (; ready < nin; ready++) {
+    fresh[ready] = in[ready]->storage == NULL;
+    if ((rc = rm_tensor_data_ready(ctx, in[ready]))) break;
+    in[ready]->pins++;
   }
   if (rc) {
-    for (int i = 0; i < ready; i++) n->in[i]->pins--;
+    for (int i = 0; i < ready; i++) in[i]->pins--;
     return rc;
   }
   rm_tensor *outs[RM_MAX_OUTPUTS];
   rm_scope sc;
   rm_scope_enter(ctx, &sc, RM_CAT_ACTIVATION, RM_GRAD_OFF);
-  rc = timed_exec(ctx, n->op, n->nin, n->in, &n->attrs, outs);
+  rc = timed_exec(ctx, op, nin, in, a, outs);
   rm_scope_leave(ctx, &sc);
-  for (int i = 0; i < n->nin; i++) n->in[i]->pins--;
+  for (int i = 0; i < nin; i++) in[i]->pins--;
   if (rc) return rc;
   rm_meta meta[RM_MAX_OUTPUTS];
-  for (int j = 0; j < def->nout; j++) rm_tensor_meta(outs[j], &meta[j]);
-  ctx->recompute_flops += rm_op_flops(n->op, n->nin, n->in, &n->attrs, meta);
+  for (int j = 0; j < run->nout; j++) rm_tensor_meta(outs[j], &meta[j]);
+  ctx->recompute_flops += rm_op_flops(op, nin, in, a, meta);
   if (rm_hooked(ctx, RM_HOOK_OP))
-    rc = rm_hook_fire(ctx, RM_HOOK_OP, &(rm_event){ .op = n->op, .nin = n->nin, .in = n->in,
-                                                   .attrs = &n->attrs, .out = outs, .node = n });
+    rc = rm_hook_fire(ctx, RM_HOOK_OP, &(rm_event){ .op = op, .nin = nin, .in = in, .attrs = a, .out = outs,
+                                                   .node = n });
   for (int j = 0; j < def->nout; j++) {
     rm_tensor *t = n->out[j];
     /* an output nothing uses any more (its readers' backward is done) stays released */
@@ -705,10 +725,28 @@ static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
         if (!(def->flags & RM_OPF_VIEW)) t->offset = 0;
       }
     }
-    rm_tensor_drop(ctx, outs[j]);
   }
-  for (int i = 0; i < n->nin; i++)
-    if (n->in[i]->replay_reads >= 0) n->in[i]->replay_reads++;
-  for (int i = 0; i < n->nin; i++) replay_evict(ctx, n->in[i], fresh[i]);
+  for (int j = 0; j < run->nout; j++) rm_tensor_drop(ctx, outs[j]);
+  for (int i = 0; i < nin; i++)
+    if (in[i]->replay_reads >= 0) in[i]->replay_reads++;
+  for (int i = 0; i < nin; i++) replay_evict(ctx, in[i], fresh[i]);
   return rc;
+}
+
+/* A causal softmax whose scores are gone runs with their product as one op where the
+ * backend fuses them (fusable_product): the scores are never stored, which saves
+ * writing and reading them back (on the CPU, 2 MiB a layer of bench/checkpoint.lua's
+ * GPT). The bits are the two ops' (matmul_softmax's contract). */
+static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
+  rm_node *m = fusable_product(ctx, n);
+  if (!m) return replay_as(ctx, n, n->op, n->nin, n->in, &n->attrs, want);
+  rm_attrs fa;
+  rm_attrs_init(&fa);
+  fa.matmul_softmax.tri = m->attrs.matmul.tri;
+  fa.matmul_softmax.upper = m->attrs.matmul.upper;
+  fa.matmul_softmax.neg_inf = m->attrs.matmul.neg_inf;
+  fa.matmul_softmax.dim = n->attrs.softmax.dim;
+  fa.matmul_softmax.scale = n->attrs.softmax.scale;
+  fa.matmul_softmax.causal = n->attrs.softmax.causal;
+  return replay_as(ctx, n, RM_OP_MATMUL_SOFTMAX, m->nin, m->in, &fa, want);
 }

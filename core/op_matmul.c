@@ -8,6 +8,7 @@
  * linear_gelu(x, w[, b]) = gelu_tanh(x w^T + b) in one op: outputs y, then the extra
  * pre-activation x w^T + b, kept for backward (on CUDA both come from one cublasLt
  * matmul with the GELU epilogue; see kernels/cuda/matmul.cu). */
+#include <math.h>
 #include <string.h>
 
 #include "ops.h"
@@ -310,3 +311,37 @@ const rm_op_def rm_opdef_linear_gelu = { .name = "linear_gelu", .nin = -1, .nout
 const rm_op_def rm_opdef_linear = { .name = "linear", .nin = -1, .nout = 1, .nvis = 1,
   .flags = RM_OPF_STRIDED, .save_in = RM_NTH(0) | RM_NTH(1), .infer = linear_infer, .backward = linear_backward,
   .flops = linear_flops };
+
+/* ---- matmul_softmax(a, b) = softmax(matmul(a, b)): internal ----
+ * The checkpoint engine replays a dropped softmax whose input is a product nothing else
+ * reads (attention's scores q k^T) as this one op, where the backend computes it without
+ * storing the product (rm_backend.scores_softmax: the CPU's float32 tiles compute a row
+ * tile's scores into a buffer and take its softmax from there). Its result is the two
+ * ops' result bit for bit: the same tiles, the same softmax rows. Not differentiable:
+ * it only rebuilds a tensor the tape already has. */
+
+static int matmul_softmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a, rm_meta *out) {
+  rm_attrs mm, sm;
+  rm_matmul_softmax_split(a, &mm, &sm);
+  if (matmul_infer(ctx, nin, in, &mm, out)) return ctx->err_code;
+  int nd = out[0].ndim, d;
+  if (rm_check_dim(ctx, "matmul_softmax", sm.softmax.dim, nd, &d)) return ctx->err_code;
+  if (!isfinite(sm.softmax.scale))
+    return rm_fail(ctx, RM_ERR_ARG, "matmul_softmax: scale must be a finite number, got %g", sm.softmax.scale);
+  if (sm.softmax.causal && (nd < 2 || out[0].shape[nd - 1] != out[0].shape[nd - 2] || d != nd - 1))
+    return rm_fail(ctx, RM_ERR_SHAPE, "matmul_softmax: a causal softmax runs over the last dim of a (..., T, T) "
+                   "product, got dim %d of a %d-D product whose last two sizes are %lld and %lld", d, nd,
+                   (long long)(nd >= 2 ? out[0].shape[nd - 2] : 1), (long long)(nd >= 1 ? out[0].shape[nd - 1] : 1));
+  return RM_OK;
+}
+
+/* the product's, and softmax's 4 an element */
+static double matmul_softmax_flops(int nin, rm_tensor *const *in, const rm_attrs *a, const rm_meta *out) {
+  rm_attrs mm, sm;
+  rm_matmul_softmax_split(a, &mm, &sm);
+  return matmul_flops(nin, in, &mm, out) + 4.0 * (double)rm_meta_numel(&out[0]);
+}
+
+const rm_op_def rm_opdef_matmul_softmax = { .name = "matmul_softmax", .nin = 2, .nout = 1, .nvis = 1,
+  .flags = RM_OPF_STRIDED | RM_OPF_NODIFF | RM_OPF_INTERNAL, .infer = matmul_softmax_infer,
+  .flops = matmul_softmax_flops };

@@ -5,6 +5,8 @@
 #ifndef REMAT_OPS_H
 #define REMAT_OPS_H
 
+#include <string.h>
+
 #include "op.h"
 
 #define RM_DIM_ALL INT64_MIN   /* reduce over every dimension */
@@ -71,6 +73,19 @@ enum { RM_TRI_NONE = 0, RM_TRI_OUT = 1, RM_TRI_A = 2, RM_TRI_B = 3 };
  * above; neg_inf: RM_TRI_OUT's entries outside hold -inf, not 0); the CPU computes only
  * the triangle's part (causal attention's q k^T and p v, and their gradients) */
 rm_tensor *rm_matmul_tri(rm_ctx *ctx, rm_tensor *a, rm_tensor *b, int tri, bool upper, bool neg_inf);
+/* matmul_softmax's attrs (internal op: softmax(matmul(a, b)), the checkpoint engine's
+ * replay of a dropped softmax together with its scores) split into the matmul's (*mm)
+ * and the softmax's (*sm), as the two ops take them. */
+static inline void rm_matmul_softmax_split(const rm_attrs *a, rm_attrs *mm, rm_attrs *sm) {
+  memset(mm, 0, sizeof *mm);
+  memset(sm, 0, sizeof *sm);
+  mm->matmul.tri = a->matmul_softmax.tri;
+  mm->matmul.upper = a->matmul_softmax.upper;
+  mm->matmul.neg_inf = a->matmul_softmax.neg_inf;
+  sm->softmax.dim = a->matmul_softmax.dim;
+  sm->softmax.scale = a->matmul_softmax.scale;
+  sm->softmax.causal = a->matmul_softmax.causal;
+}
 rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* x w^T + b; b may be NULL */
 rm_tensor *rm_linear_gelu(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* gelu_tanh(x w^T + b) */
 

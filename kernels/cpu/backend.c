@@ -16,14 +16,16 @@ static int cpu_copy(rm_ctx *ctx, void *dst, const void *src, size_t n) {
 
 static int cpu_sync(rm_ctx *ctx) { return RM_OK; }
 
-/* Kernel workspace for dry runs (rm_backend.workspace): the attention kernels' and a
- * triangular matmul's (matmul's copies of operands BLAS cannot read are not predicted). */
+/* Kernel workspace for dry runs (rm_backend.workspace): the attention kernels', a
+ * triangular matmul's and matmul_softmax's (matmul's copies of operands BLAS cannot
+ * read are not predicted). */
 static size_t rm_cpu_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
   switch (op) {
   case RM_OP_ATTENTION:
   case RM_OP_ATTENTION_BACKWARD:
   case RM_OP_ATTENTION_QKV_BACKWARD: return rm_cpu_attention_workspace(op, nin, in, a);
-  case RM_OP_MATMUL: return rm_cpu_matmul_workspace(ctx, nin, in, a);
+  case RM_OP_MATMUL:
+  case RM_OP_MATMUL_SOFTMAX: return rm_cpu_matmul_workspace(ctx, op, nin, in, a);
   default: return 0;
   }
 }
@@ -44,6 +46,7 @@ const rm_backend rm_cpu_backend = {
   .workspace = rm_cpu_workspace,
   .memory_rates = rm_cpu_memory_rates,
   .tri_products = rm_cpu_tri_products,
+  .scores_softmax = rm_cpu_tri_products,   /* the same tiles (kernels/cpu/matmul.c) */
   .supports_dtype = { [RM_F32] = true, [RM_F64] = true, [RM_I32] = true, [RM_I64] = true },
   .int_ops = { [RM_OP_ADD] = true, [RM_OP_SUB] = true, [RM_OP_MUL] = true, [RM_OP_NEG] = true,
                [RM_OP_ABS] = true, [RM_OP_ADD_SCALAR] = true, [RM_OP_MUL_SCALAR] = true,

@@ -82,10 +82,14 @@ bool rm_cpu_avx512(rm_ctx *ctx);
  * takes (kernels/cpu/attention.c), for dry runs. */
 size_t rm_cpu_attention_workspace(rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a);
 /* Bytes of workspace a triangular matmul takes (the packed k^T of the tiles, or the
- * masked copy of the fallback); 0 for a plain one. */
-size_t rm_cpu_matmul_workspace(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a);
+ * masked copy of the fallback; 0 for a plain one), or a matmul_softmax (op). */
+size_t rm_cpu_matmul_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a);
 /* Whether triangular products in dt run through the tiles (float32, AVX-512). */
 bool rm_cpu_tri_products(rm_ctx *ctx, rm_dtype dt);
+/* One contiguous float32 row of the softmax kernel: y[0, n) = the softmax of sc x[k]
+ * over k < live (the rest 0), bit for bit as that kernel computes it (kernels/cpu/
+ * reduce.c); matmul_softmax runs it on scores it holds in a buffer. */
+void rm_cpu_softmax_row_f32(const float *x, float *y, int64_t n, float sc, int64_t live);
 
 /* The data of a tensor of index values (gather/index_select/embedding indices,
  * cross_entropy labels: 1-based), whichever of its four dtypes (int64, int32, or whole

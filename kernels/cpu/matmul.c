@@ -150,6 +150,11 @@ typedef struct {
   float *bp;                    /* packed: each product's B (K x Np), 0 outside B's triangle and past N */
   float *py;
   int64_t *bad;                 /* tri_bad's, tri_bad_len a product */
+  /* matmul_softmax: each row tile's scores go to its thread's rows (TRI_ROWS x Np),
+   * and y gets the causal softmax of sc times them, row by row */
+  bool softmax;
+  float sc;
+  float *rows;
 } tri_job;
 
 /* Where the other operand of a triangular one holds inf or NaN. A masked copy's product
@@ -343,6 +348,9 @@ RM_V4 static void tri_task(const tri_job *J, int64_t task) {
   const float *bp = J->packed ? J->bp + i * K * J->Np : J->pb + ob;
   const int64_t ldb = J->packed ? J->Np : J->B->sr;
   float *y = J->py + i * M * N + i0 * N;
+  /* where the tiles go: y, or this thread's rows (matmul_softmax) */
+  float *t = J->softmax ? J->rows + omp_get_thread_num() * TRI_ROWS * J->Np : y;
+  const int64_t ldt = J->softmax ? J->Np : N;
   const bool out = J->tri == RM_TRI_OUT, up = J->upper;
   int64_t j0 = out && up ? i0 / TRI_COLS * TRI_COLS : 0;
   for (; j0 < N && !(out && !up && j0 > i0 + rows - 1); j0 += TRI_COLS) {
@@ -355,7 +363,11 @@ RM_V4 static void tri_task(const tri_job *J, int64_t task) {
       if (up) k1 = j0 + TRI_COLS < K ? j0 + TRI_COLS : K; else k0 = j0;
     }
     int64_t cols = N - j0 < TRI_COLS ? N - j0 : TRI_COLS;
-    tri_tile(ar, J->A->sc, bp + j0, ldb, k0, k1, e0, e1, J->tri, up, i0, j0, rows, cols, y + j0, N);
+    tri_tile(ar, J->A->sc, bp + j0, ldb, k0, k1, e0, e1, J->tri, up, i0, j0, rows, cols, t + j0, ldt);
+  }
+  if (J->softmax) {   /* row i0 + r sees its first i0 + r + 1 scores (the softmax kernel's rows) */
+    for (int64_t r = 0; r < rows; r++) rm_cpu_softmax_row_f32(t + r * ldt, y + r * N, N, J->sc, i0 + r + 1);
+    return;
   }
   for (int64_t r = 0; out && r < rows; r++) {
     int64_t row = i0 + r;
@@ -366,23 +378,31 @@ RM_V4 static void tri_task(const tri_job *J, int64_t task) {
 
 /* The triangular product y = A B (float32, AVX-512) of the batch: B packed per product
  * (a workspace of batch x K x Np floats), then the row tiles, interleaved over the
- * threads (the triangle makes later tiles longer or shorter). */
+ * threads (the triangle makes later tiles longer or shorter). softmax (matmul_softmax):
+ * y is the causal softmax of sc times the product (tri: the result, lower), which is
+ * never stored. */
 static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const operand *A, const operand *B, int nb,
-                          const int64_t *bshape, const int64_t *sa, const int64_t *sb, int64_t batch) {
+                          const int64_t *bshape, const int64_t *sa, const int64_t *sb, int64_t batch,
+                          bool softmax, float sc) {
   int64_t M = A->rows, K = A->cols, N = B->cols, Np = tri_np(N);
   const bool packed = B->sc != 1;
-  int64_t nbad = tri_bad_len((int)a->matmul.tri, M, N);
-  /* floats: the packed B, then the int64 of tri_bad (two floats each) */
-  int64_t nbp = (packed ? batch * K * Np : 0) + 2 * batch * nbad;
+  int64_t nbad = tri_bad_len((int)a->matmul.tri, M, N), npk = packed ? batch * K * Np : 0;
+  int64_t nrows = softmax ? (int64_t)omp_get_max_threads() * TRI_ROWS * Np : 0;
+  /* floats: the packed B, the threads' rows, then the int64 of tri_bad (two floats each) */
+  int64_t nbp = npk + nrows + 2 * batch * nbad;
   rm_tensor *ws = nbp ? rm_tensor_new(ctx, RM_F32, RM_CPU, 1, &nbp, RM_CAT_WORKSPACE) : NULL;
   if (nbp && !ws) return ctx->err_code;
   float *wp = ws ? rm_tensor_ptr(ws) : NULL;
+  /* the softmax reads a row's scores up to a whole vector past its last one, unused:
+   * written once, so that they are never memory no one wrote */
+  if (nrows) memset(wp + npk, 0, (size_t)nrows * sizeof(float));
   tri_job J = { .tri = (int)a->matmul.tri, .upper = a->matmul.upper, .packed = packed,
                 .fill = a->matmul.neg_inf ? -INFINITY : 0.0f, .M = M, .N = N, .K = K, .Np = Np,
                 .tiles = (M + TRI_ROWS - 1) / TRI_ROWS, .A = A, .B = B, .nb = nb, .bshape = bshape, .sa = sa,
                 .sb = sb, .pa = rm_tensor_ptr(A->t), .pb = rm_tensor_ptr(B->t), .bp = packed ? wp : NULL,
                 .py = rm_tensor_ptr(y),
-                .bad = nbad ? (int64_t *)(void *)(wp + (packed ? batch * K * Np : 0)) : NULL };
+                .bad = nbad ? (int64_t *)(void *)(wp + npk + nrows) : NULL,
+                .softmax = softmax, .sc = sc, .rows = nrows ? wp + npk : NULL };
   const bool par = (double)batch * (double)M * (double)N * (double)K > RM_CPU_PAR_MIN && !omp_in_parallel();
   if (!par || batch >= 2 * omp_get_max_threads()) {
     /* whole products per thread: a product's packed B stays in its thread's cache (split
@@ -415,16 +435,19 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
 #else
 /* Not reached: rm_cpu_avx512 is false where the tiles are not built. */
 static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const operand *A, const operand *B, int nb,
-                          const int64_t *bshape, const int64_t *sa, const int64_t *sb, int64_t batch) {
+                          const int64_t *bshape, const int64_t *sa, const int64_t *sb, int64_t batch,
+                          bool softmax, float sc) {
   return rm_fail(ctx, RM_ERR_STATE, "matmul: no AVX-512 tiles in this build");
 }
 #endif
 
 bool rm_cpu_tri_products(rm_ctx *ctx, rm_dtype dt) { return dt == RM_F32 && rm_cpu_avx512(ctx); }
 
-size_t rm_cpu_matmul_workspace(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a) {
+/* A (triangular) matmul's workspace: the masked copy, or the tiles' packed B and
+ * tri_bad's; 0 for a plain product. */
+static size_t tri_workspace(rm_ctx *ctx, rm_tensor *const *in, const rm_attrs *a) {
   const int tri = a ? (int)a->matmul.tri : RM_TRI_NONE;
-  if (tri == RM_TRI_NONE || nin != 2 || in[0]->ndim < 2 || in[1]->ndim < 2) return 0;
+  if (tri == RM_TRI_NONE || in[0]->ndim < 2 || in[1]->ndim < 2) return 0;
   const rm_tensor *x = in[0], *b = in[1];
   size_t es = rm_dtype_size(x->dtype);
   if (!rm_cpu_tri_products(ctx, x->dtype)) {   /* the masked copy */
@@ -442,6 +465,55 @@ size_t rm_cpu_matmul_workspace(rm_ctx *ctx, int nin, rm_tensor *const *in, const
   return bytes + (size_t)(batch * tri_bad_len(tri, M, N)) * sizeof(int64_t);
 }
 
+/* matmul's operands and batch: A and B over in[0] and in[1] (or the copies BLAS can
+ * read: ca, cb, to drop), the batch shape of y and each operand's strides along it. */
+typedef struct {
+  operand A, B;
+  rm_tensor *ca, *cb;
+  int nb;
+  int64_t bshape[RM_MAX_DIM], sa[RM_MAX_DIM], sb[RM_MAX_DIM], batch;
+} mm_geo;
+
+static void mm_geo_release(rm_ctx *ctx, mm_geo *g) {
+  rm_tensor_drop(ctx, g->ca);
+  rm_tensor_drop(ctx, g->cb);
+  g->ca = g->cb = NULL;
+}
+
+static int mm_geo_prepare(rm_ctx *ctx, rm_tensor *a, rm_tensor *b, const rm_tensor *y, mm_geo *g) {
+  g->ca = g->cb = NULL;
+  if (operand_prepare(ctx, &g->A, a, true, &g->ca) || operand_prepare(ctx, &g->B, b, false, &g->cb)) {
+    mm_geo_release(ctx, g);
+    return ctx->err_code;
+  }
+  if (g->A.rows >= INT_MAX || g->B.cols >= INT_MAX || g->A.cols >= INT_MAX) {
+    mm_geo_release(ctx, g);
+    return rm_fail(ctx, RM_ERR_SHAPE, "matmul: dimensions beyond BLAS's int range");
+  }
+  g->nb = g->A.nbatch > g->B.nbatch ? g->A.nbatch : g->B.nbatch;
+  g->batch = 1;
+  for (int d = 0; d < g->nb; d++) {
+    g->bshape[d] = y->shape[d];
+    g->batch *= g->bshape[d];
+  }
+  batch_strides(&g->A, g->nb, g->bshape, g->sa);
+  batch_strides(&g->B, g->nb, g->bshape, g->sb);
+  return RM_OK;
+}
+
+/* The tiles read B's packed copy through int32 gather offsets: a B whose column stride
+ * is past them is copied contiguous first. */
+static int tiles_fit_b(rm_ctx *ctx, mm_geo *g) {
+  if (g->B.sc == 1 || (g->B.sc > 0 && g->B.sc <= INT_MAX / 16)) return RM_OK;
+  rm_tensor *c = workspace_copy(ctx, g->B.t);
+  if (!c) return ctx->err_code;
+  rm_tensor_drop(ctx, g->cb);
+  g->cb = c;
+  operand_geo(&g->B, c, false);
+  batch_strides(&g->B, g->nb, g->bshape, g->sb);
+  return RM_OK;
+}
+
 RM_CPU_KERNEL(matmul) {
   rm_tensor *y = out[0];
   size_t es = rm_dtype_size(y->dtype);
@@ -457,27 +529,15 @@ RM_CPU_KERNEL(matmul) {
     if (!(masked = tri_masked_copy(ctx, in[w], upper))) return ctx->err_code;
     ops[w] = masked;
   }
-  operand A, B;
-  rm_tensor *ca = NULL, *cb = NULL;
-  if (operand_prepare(ctx, &A, ops[0], true, &ca) || operand_prepare(ctx, &B, ops[1], false, &cb)) {
-    rm_tensor_drop(ctx, ca);
+  mm_geo g;
+  if (mm_geo_prepare(ctx, ops[0], ops[1], y, &g)) {
     rm_tensor_drop(ctx, masked);
     return ctx->err_code;
   }
-  int64_t M = A.rows, K = A.cols, N = B.cols, batch = 1;
+  const operand A = g.A, B = g.B;
+  const int nb = g.nb;
+  const int64_t M = A.rows, K = A.cols, N = B.cols, batch = g.batch, *bshape = g.bshape, *sa = g.sa, *sb = g.sb;
   int rc = RM_OK;
-  if (M >= INT_MAX || N >= INT_MAX || K >= INT_MAX) {
-    rc = rm_fail(ctx, RM_ERR_SHAPE, "matmul: dimensions beyond BLAS's int range");
-    goto done;
-  }
-  int nb = A.nbatch > B.nbatch ? A.nbatch : B.nbatch;
-  int64_t bshape[RM_MAX_DIM], sa[RM_MAX_DIM], sb[RM_MAX_DIM];
-  for (int d = 0; d < nb; d++) {
-    bshape[d] = y->shape[d];
-    batch *= bshape[d];
-  }
-  batch_strides(&A, nb, bshape, sa);
-  batch_strides(&B, nb, bshape, sb);
   if (batch * M * N == 0) goto done;
   if (K == 0) {
     memset(rm_tensor_ptr(y), 0, (size_t)(batch * M * N) * es);
@@ -485,15 +545,7 @@ RM_CPU_KERNEL(matmul) {
     goto done;
   }
   if (tiles) {
-    if (B.sc != 1 && (B.sc < 0 || B.sc > INT_MAX / 16)) {   /* past the packing gather's int32 offsets */
-      rm_tensor *c = workspace_copy(ctx, B.t);
-      if (!c) { rc = ctx->err_code; goto done; }
-      rm_tensor_drop(ctx, cb);
-      cb = c;
-      operand_geo(&B, c, false);
-      batch_strides(&B, nb, bshape, sb);
-    }
-    rc = tri_f32_avx512(ctx, a, y, &A, &B, nb, bshape, sa, sb, batch);
+    if (!(rc = tiles_fit_b(ctx, &g))) rc = tri_f32_avx512(ctx, a, y, &g.A, &g.B, nb, bshape, g.sa, g.sb, batch, false, 0);
     goto done;
   }
   const char *pa = rm_tensor_ptr(A.t), *pb = rm_tensor_ptr(B.t);
@@ -525,10 +577,70 @@ RM_CPU_KERNEL(matmul) {
 done:
   if (!rc && fill_after && batch * M * N != 0)
     tri_fill(y->dtype, rm_tensor_ptr(y), batch, M, upper, a->matmul.neg_inf ? -INFINITY : 0.0);
-  rm_tensor_drop(ctx, ca);
-  rm_tensor_drop(ctx, cb);
+  mm_geo_release(ctx, &g);
   rm_tensor_drop(ctx, masked);
   return rc;
+}
+
+RM_CPU_KERNEL(softmax);
+
+/* Whether matmul_softmax with these split attrs runs on the tiles, the softmax taken
+ * from each row tile's scores: float32 on AVX-512, the causal softmax of a product
+ * triangular in its result (lower: the part that softmax reads). */
+static bool softmax_tiles(rm_ctx *ctx, const rm_attrs *mm, const rm_attrs *sm, rm_dtype dt) {
+  return rm_cpu_tri_products(ctx, dt) && mm->matmul.tri == RM_TRI_OUT && !mm->matmul.upper && sm->softmax.causal;
+}
+
+/* softmax(matmul(a, b)): on the tiles where softmax_tiles says so, else the two kernels
+ * in turn, the product in a workspace. Either way the bits of the two ops run apart. */
+RM_CPU_KERNEL(matmul_softmax) {
+  rm_tensor *y = out[0];
+  rm_attrs mm, sm;
+  rm_matmul_softmax_split(a, &mm, &sm);
+  if (softmax_tiles(ctx, &mm, &sm, y->dtype)) {
+    mm_geo g;
+    if (mm_geo_prepare(ctx, in[0], in[1], y, &g)) return ctx->err_code;
+    int64_t M = g.A.rows, K = g.A.cols, N = g.B.cols;
+    int rc = RM_OK;
+    if (g.batch * M * N != 0 && K != 0) {
+      float sc = (float)(sm.softmax.scale != 0 ? sm.softmax.scale : 1.0);   /* as the softmax kernel takes it */
+      if (!(rc = tiles_fit_b(ctx, &g)))
+        rc = tri_f32_avx512(ctx, &mm, y, &g.A, &g.B, g.nb, g.bshape, g.sa, g.sb, g.batch, true, sc);
+      mm_geo_release(ctx, &g);
+      return rc;
+    }
+    mm_geo_release(ctx, &g);
+  }
+  rm_tensor *s = rm_tensor_new(ctx, y->dtype, y->device, y->ndim, y->shape, RM_CAT_WORKSPACE);   /* the product */
+  if (!s) return ctx->err_code;
+  int rc = rm_cpu_matmul(ctx, 2, in, 1, &s, &mm);
+  if (!rc) rc = rm_cpu_softmax(ctx, 1, &s, 1, out, &sm);
+  rm_tensor_drop(ctx, s);
+  return rc;
+}
+
+/* matmul_softmax's workspace: the tiles' (their rows among it), or the product's and
+ * the matmul kernel's. */
+static size_t matmul_softmax_workspace(rm_ctx *ctx, int nin, rm_tensor *const *in, const rm_attrs *a) {
+  rm_attrs mm, sm;
+  rm_matmul_softmax_split(a, &mm, &sm);
+  if (nin != 2 || in[0]->ndim < 1 || in[1]->ndim < 1) return 0;
+  const rm_tensor *x = in[0], *b = in[1];
+  int nd = b->ndim, n;
+  int64_t bs[RM_MAX_DIM], numel = (x->ndim >= 2 ? x->shape[x->ndim - 2] : 1) * (nd >= 2 ? b->shape[nd - 1] : 1);
+  if (rm_broadcast_shape(ctx, "matmul_softmax", x->ndim > 2 ? x->ndim - 2 : 0, x->shape, nd > 2 ? nd - 2 : 0,
+                         b->shape, &n, bs)) return 0;
+  for (int d = 0; d < n; d++) numel *= bs[d];
+  if (numel == 0) return 0;   /* neither kernel runs */
+  if (softmax_tiles(ctx, &mm, &sm, x->dtype) && x->shape[x->ndim - 1] != 0)
+    return tri_workspace(ctx, in, &mm) +
+           (size_t)omp_get_max_threads() * TRI_ROWS * (size_t)tri_np(b->shape[nd - 1]) * sizeof(float);
+  return (size_t)numel * rm_dtype_size(x->dtype) + (x->shape[x->ndim - 1] != 0 ? tri_workspace(ctx, in, &mm) : 0);
+}
+
+size_t rm_cpu_matmul_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
+  if (op == RM_OP_MATMUL_SOFTMAX) return matmul_softmax_workspace(ctx, nin, in, a);
+  return tri_workspace(ctx, in, a);
 }
 
 /* y (R x out) = x (R x in) w^T (+ b): one GEMM over the flattened leading dims of x; the

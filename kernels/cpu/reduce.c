@@ -474,6 +474,10 @@ RM_FM_MULTIVERSION_FMA(void, softmax_col_f32,
   }
 })
 
+void rm_cpu_softmax_row_f32(const float *x, float *y, int64_t n, float sc, int64_t live) {
+  softmax_col_f32(x, y, n, 1, false, sc, live);
+}
+
 /* The scale (0, unset, is 1) and, for a causal call, the (T, T) rows' T (else 0); a
  * causal call runs over the last dim, so a column's row index is base / n. */
 #define SOFTMAX_ATTRS(a, n)                                                         \

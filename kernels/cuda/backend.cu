@@ -306,7 +306,7 @@ void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes) {
 
 /* ---- kernel workspace for dry runs ----
  * Predicted: attention's score blocks and operand copies (by far the largest: up to
- * ATT_WORKSPACE, 256 MiB) and the losses' row sums. Not predicted: the few-KB partial
+ * ATT_WORKSPACE, 256 MiB), the losses' row sums and matmul_softmax's product. Not predicted: the few-KB partial
  * sums of reductions and norms, the embedding backward's sort buffers, and copies of
  * operands a GEMM cannot read in place. */
 static size_t cuda_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
@@ -316,6 +316,7 @@ static size_t cuda_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const
   case RM_OP_ATTENTION_QKV_BACKWARD: return cu_attention_workspace(ctx, op, nin, in, a);
   case RM_OP_CROSS_ENTROPY:
   case RM_OP_MSE: return cu_loss_workspace(op, nin, in);
+  case RM_OP_MATMUL_SOFTMAX: return cu_matmul_softmax_workspace(nin, in);
   default: return 0;
   }
 }

@@ -326,6 +326,7 @@ const void *cu_contig_data(rm_ctx *ctx, const rm_tensor *t, void **scratch);
 /* Kernel workspace of one call, for dry runs (rm_backend.workspace; backend.cu). */
 size_t cu_attention_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a);
 size_t cu_loss_workspace(rm_op_id op, int nin, rm_tensor *const *in);
+size_t cu_matmul_softmax_workspace(int nin, rm_tensor *const *in);
 
 /* Strided copy (with dtype conversion) of src into contiguous dst of the same shape. */
 int cu_copy_strided(rm_ctx *ctx, const rm_tensor *src, void *dst, rm_dtype dst_dtype);

@@ -416,3 +416,49 @@ RM_CUDA_KERNEL(linear_gelu) {
   rc = cuk_linear(ctx, nin, in, 1, &out[1], a);
   return rc ? rc : cuk_gelu_tanh(ctx, 1, &out[1], 1, &out[0], a);
 }
+
+/* ---- matmul_softmax: softmax(matmul(a, b)), internal ----
+ * The two kernels in turn, the product in a workspace: what the two ops give. The
+ * checkpoint engine takes this op only where a backend computes it without storing the
+ * product (rm_backend.scores_softmax, which CUDA leaves unset); it runs here for the ops'
+ * specs. */
+RM_CUDA_KERNEL(softmax);
+
+RM_CUDA_KERNEL(matmul_softmax) {
+  rm_tensor *y = out[0];
+  rm_attrs mm, sm;
+  rm_matmul_softmax_split(a, &mm, &sm);
+  size_t bytes = (size_t)cu_numel(y) * cu_dsize(y->dtype);
+  void *p = cu_scratch(ctx, bytes);
+  if (!p) return ctx->err_code;
+  /* the product: y's geometry over the workspace */
+  rm_storage st;
+  memset(&st, 0, sizeof st);
+  st.refcount = 1;
+  st.device = RM_CUDA;
+  st.category = RM_CAT_WORKSPACE;
+  st.bytes = bytes;
+  st.data = p;
+  rm_tensor s = *y;
+  s.storage = &st;
+  s.offset = 0;
+  rm_tensor *sp = &s;
+  int rc = cuk_matmul(ctx, 2, in, 1, &sp, &mm);
+  if (!rc) rc = cuk_softmax(ctx, 1, &sp, 1, out, &sm);
+  cu_scratch_free(ctx, p, bytes);
+  return rc;
+}
+
+/* Its workspace, for dry runs: the product, batch dims broadcast (a 1-D operand has
+ * none, and no row or column). */
+size_t cu_matmul_softmax_workspace(int nin, rm_tensor *const *in) {
+  if (nin != 2) return 0;
+  const rm_tensor *x = in[0], *b = in[1];
+  int na = x->ndim > 2 ? x->ndim - 2 : 0, nb = b->ndim > 2 ? b->ndim - 2 : 0, n = na > nb ? na : nb;
+  int64_t numel = (x->ndim >= 2 ? x->shape[x->ndim - 2] : 1) * (b->ndim >= 2 ? b->shape[b->ndim - 1] : 1);
+  for (int d = 0; d < n; d++) {
+    int64_t sx = d < n - na ? 1 : x->shape[d - (n - na)], sb = d < n - nb ? 1 : b->shape[d - (n - nb)];
+    numel *= sx == 1 ? sb : sx;
+  }
+  return (size_t)numel * cu_dsize(x->dtype);
+}

@@ -121,7 +121,8 @@ PlanReport.__tostring = function(r)
   for _, l in ipairs(r.layers) do
     if l.selective and #l.recomputes > 0 then
       lines[#lines + 1] = "  a selective layer rebuilds what it drops from the nearest tensors it keeps, each op once"
-      lines[#lines + 1] = "  (a dropped softmax replays its scores' op too: attention's q.k^T)"
+      lines[#lines + 1] = "  (a dropped softmax replays its scores' op too: attention's q.k^T; on the CPU's float32"
+      lines[#lines + 1] = "  tiles the two run as one op, matmul_softmax, which never stores the scores)"
       break
     end
   end

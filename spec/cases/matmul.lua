@@ -99,9 +99,42 @@ local function gelu_tanh(v)
   return 0.5 * v * (1 + (u < 0 and -th or th))
 end
 
+-- softmax over the last dim of sc * v (rows of n), row i of each (T, T) matrix seeing
+-- columns j <= i when causal (the rest 0); a row with a NaN or +inf is NaN, as exp's is
+local function softmax_rows_ref(v, n, sc, causal)
+  local out = {}
+  for r0 = 0, #v - 1, n do
+    local live = causal and (r0 // n) % n + 1 or n
+    local m, bad = -math.huge, false
+    for j = 1, live do
+      local x = v[r0 + j] * sc
+      if x ~= x or x == math.huge then bad = true elseif x > m then m = x end
+    end
+    local sum = 0
+    for j = 1, live do sum = sum + math.exp(v[r0 + j] * sc - m) end
+    for j = 1, n do
+      if bad then out[r0 + j] = 0 / 0
+      elseif j > live then out[r0 + j] = 0
+      else out[r0 + j] = math.exp(v[r0 + j] * sc - m) / sum end
+    end
+  end
+  return out
+end
+
 return function(K)
   local function op(name, attrs, ...) return C.op(C.ops[name], attrs, ...) end
   local tol = K.dtype == "float32" and 1e-4 or 1e-10
+  -- y and r hold the same bits (NaN where r has NaN); within tol of r on CUDA
+  local function check_bits(y, r, what)
+    local a = C.flat(K.device == "cpu" and y or C.to_device(y, "cpu"))
+    local b = C.flat(K.device == "cpu" and r or C.to_device(r, "cpu"))
+    assert(#a == #b, what .. ": sizes differ")
+    for i = 1, #a do
+      if b[i] ~= b[i] then assert(a[i] ~= a[i], ("%s[%d]: %.17g, the two ops NaN"):format(what, i, a[i]))
+      elseif K.device == "cpu" then assert(a[i] == b[i], ("%s[%d]: %.17g, the two ops %.17g"):format(what, i, a[i], b[i]))
+      else assert(math.abs(a[i] - b[i]) <= tol * math.max(1, math.abs(b[i])), what .. " vs the two ops at " .. i) end
+    end
+  end
   local rand, noncontig = K.rand_stored, K.noncontig_stored
   local raises = kit.raises
   -- matmul of (ta, va, sa) and (tb, vb, sb) against the oracle.
@@ -535,6 +568,69 @@ return function(K)
           gc(function(x, w) return op("linear_gelu", nil, x, w) end, { { shape = { 3, 5 } }, { shape = { 4, 5 } } })
           gc(function(x, w, b) return op("linear_gelu", nil, x, op("transpose", { dim0 = 0, dim1 = 1 }, w), b) end,
              { { shape = { 2, 3, 4 }, lo = -2, hi = 2 }, { shape = { 4, 3 } }, { shape = { 3 } } })
+        end,
+      },
+    },
+    -- softmax(matmul(a, b)) in one op: the checkpoint engine's replay of a causal
+    -- softmax with its scores (core/op.c); its bits are the two ops'
+    matmul_softmax = {
+      nodiff = "internal: the replay of a softmax with its scores' product rebuilds a tensor the tape " ..
+        "already has; its own gradient is never taken (the gradients through the replay are checked in " ..
+        "spec/checkpoint_spec.lua)",
+      forward = {
+        ["attention's shapes: the causal softmax of q k^T, k^T a transposed view; naive reference and the two ops' bits"] = function()
+          for _, T in ipairs { 1, 2, 7, 16, 33, 40 } do
+            for _, D in ipairs { 1, 5, 16 } do
+              local q, qv = rand({ 3, T, D }, -2, 2)
+              local k, kv = noncontig({ 3, D, T }, -2, 2)
+              for _, at in ipairs { { tri = 1, neg_inf = true }, { tri = 1 }, {} } do
+                local sc = D == 5 and 0.37 or 0
+                local e = softmax_rows_ref(mm_tri_ref(qv, { 3, T, D }, kv, { 3, D, T }, at), T, sc ~= 0 and sc or 1, true)
+                local fa = { tri = at.tri or 0, neg_inf = at.neg_inf, dim = -1, scale = sc, causal = true }
+                local y = op("matmul_softmax", fa, q, k)
+                local what = ("T=%d D=%d tri=%d%s"):format(T, D, fa.tri, at.neg_inf and " neg_inf" or "")
+                K.check(y, e, { 3, T, T }, tol, what)
+                check_bits(y, op("softmax", { dim = -1, scale = sc, causal = true }, op("matmul", at, q, k)), what)
+              end
+            end
+          end
+        end,
+        ["not causal, another dim, broadcast batch dims, size-1 dims"] = function()
+          local a, av = rand({ 2, 1, 4, 3 }, -2, 2)
+          local b, bv = rand({ 5, 3, 6 }, -2, 2)
+          local y = op("matmul_softmax", { dim = -1, scale = 0.5 }, a, b)
+          local p, shape = mm_ref(av, { 2, 1, 4, 3 }, bv, { 5, 3, 6 })
+          K.check(y, softmax_rows_ref(p, 6, 0.5, false), shape, tol, "broadcast")
+          check_bits(y, op("softmax", { dim = -1, scale = 0.5 }, op("matmul", nil, a, b)), "broadcast")
+          local z = op("matmul_softmax", { dim = 0 }, a, b)
+          check_bits(z, op("softmax", { dim = 0 }, op("matmul", nil, a, b)), "dim 0")
+          local o = op("matmul_softmax", { tri = 1, neg_inf = true, dim = -1, causal = true }, K.tensor({ 2 }, { 1, 1 }), K.tensor({ 3 }, { 1, 1 }))
+          K.check(o, { 1 }, { 1, 1 }, tol, "1 x 1")
+          local none = op("matmul_softmax", { tri = 1, neg_inf = true, dim = -1, causal = true }, K.tensor({}, { 2, 0 }), K.tensor({}, { 0, 2 }))
+          check_bits(none, op("softmax", { dim = -1, causal = true }, op("matmul", { tri = 1, neg_inf = true }, K.tensor({}, { 2, 0 }), K.tensor({}, { 0, 2 }))), "K = 0")
+        end,
+        ["NaN and inf in q reach only the rows that read them"] = function()
+          local T, D = 20, 4
+          local qv = kit.values({ T, D }, -1, 1)
+          qv[3 * D + 2] = nan      -- row 3 (0-based)
+          qv[11 * D + 1] = inf     -- row 11
+          local q = K.tensor(qv, { T, D })
+          local k, kv = noncontig({ D, T }, -1, 1)
+          local y = op("matmul_softmax", { tri = 1, neg_inf = true, dim = -1, causal = true }, q, k)
+          local e = softmax_rows_ref(mm_tri_ref(C.flat(K.device == "cpu" and q or C.to_device(q, "cpu")), { T, D }, kv, { D, T },
+            { tri = 1, neg_inf = true }), T, 1, true)
+          K.check(y, e, { T, T }, tol, "NaN and inf rows")
+          check_bits(y, op("softmax", { dim = -1, causal = true }, op("matmul", { tri = 1, neg_inf = true }, q, k)), "NaN and inf rows")
+        end,
+        ["bad attrs and shapes raise, naming what was wrong"] = function()
+          local a, b = K.rand({ 3, 4 }), K.rand({ 4, 5 })
+          raises("matmul_softmax: a causal softmax runs over the last dim of a (..., T, T) product, got dim 1 of a 2-D product whose last two sizes are 3 and 5",
+            op, "matmul_softmax", { dim = -1, causal = true }, a, b)
+          raises("dim", op, "matmul_softmax", { dim = 2 }, a, b)
+          raises("matmul_softmax: scale must be a finite number", op, "matmul_softmax", { dim = -1, scale = 0 / 0 }, a, b)
+          raises("matmul: shapes", op, "matmul_softmax", { dim = -1 }, a, (K.rand({ 5, 4 })))
+          raises("matmul: neg_inf fills a triangular result (tri = 1), got tri = 2", op, "matmul_softmax",
+            { tri = 2, neg_inf = true, dim = -1 }, (K.rand({ 4, 4 })), (K.rand({ 4, 4 })))
         end,
       },
     },
