@@ -118,13 +118,19 @@ PlanReport.__tostring = function(r)
   lines[#lines + 1] = "  a replay read, for the share of a replay's bytes a working set of that size keeps in cache"
   lines[#lines + 1] = "  (a memory probe at 1 .. 64 MiB, at first use; 0 when the step fits the caches)"
   lines[#lines + 1] = "  peaks count bytes as the engine holds them (a budget plan's equals its dry run's)"
+  local selective, softmax = false, false
   for _, l in ipairs(r.layers) do
     if l.selective and #l.recomputes > 0 then
-      lines[#lines + 1] = "  a selective layer rebuilds what it drops from the nearest tensors it keeps, each op once"
-      lines[#lines + 1] = "  (a dropped softmax replays its scores' op too: attention's q.k^T; on the CPU's float32"
-      lines[#lines + 1] = "  tiles the two run as one op, matmul_softmax, which never stores the scores)"
-      break
+      selective = true
+      for _, op in ipairs(l.recomputes) do softmax = softmax or op == "softmax" end
     end
+  end
+  if selective then
+    lines[#lines + 1] = "  a selective layer rebuilds what it drops from the nearest tensors it keeps, each op once"
+  end
+  if softmax then
+    lines[#lines + 1] = "  (a dropped softmax replays its scores' op too: attention's q.k^T; on the CPU's float32"
+    lines[#lines + 1] = "  tiles the two run as one op, matmul_softmax, which never stores the scores)"
   end
   local parts = {}
   for _, c in ipairs { "param", "grad", "optim", "activation", "workspace", "temp", "data" } do
