@@ -324,8 +324,10 @@ static int matmul_softmax_infer(rm_ctx *ctx, int nin, rm_tensor *const *in, cons
   rm_attrs mm, sm;
   rm_matmul_softmax_split(a, &mm, &sm);
   if (matmul_infer(ctx, nin, in, &mm, out)) return ctx->err_code;
-  int nd = out[0].ndim, d;
-  if (rm_check_dim(ctx, "matmul_softmax", sm.softmax.dim, nd, &d)) return ctx->err_code;
+  int nd = out[0].ndim, d = 0;
+  /* as softmax's: -1 is also the dim of a 0-d product (two vectors) */
+  if (!(nd == 0 && sm.softmax.dim == -1) && rm_check_dim(ctx, "matmul_softmax", sm.softmax.dim, nd, &d))
+    return ctx->err_code;
   if (!isfinite(sm.softmax.scale))
     return rm_fail(ctx, RM_ERR_ARG, "matmul_softmax: scale must be a finite number, got %g", sm.softmax.scale);
   if (sm.softmax.causal && (nd < 2 || out[0].shape[nd - 1] != out[0].shape[nd - 2] || d != nd - 1))
