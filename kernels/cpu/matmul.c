@@ -136,6 +136,13 @@ static int64_t tri_bad_len(int tri, int64_t M, int64_t N) {
   return tri == RM_TRI_A ? N + 1 : tri == RM_TRI_B ? M + 1 : 0;
 }
 
+/* Threads the tiles of a batch of products run on: one below RM_CPU_PAR_MIN multiply-adds
+ * or inside a parallel region (the kernel and its dry-run workspace agree on it). */
+static int tri_threads(int64_t batch, int64_t M, int64_t N, int64_t K) {
+  bool par = (double)batch * (double)M * (double)N * (double)K > RM_CPU_PAR_MIN && !omp_in_parallel();
+  return par ? omp_get_max_threads() : 1;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 
 typedef struct {
@@ -387,7 +394,8 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
   int64_t M = A->rows, K = A->cols, N = B->cols, Np = tri_np(N);
   const bool packed = B->sc != 1;
   int64_t nbad = tri_bad_len((int)a->matmul.tri, M, N), npk = packed ? batch * K * Np : 0;
-  int64_t nrows = softmax ? (int64_t)omp_get_max_threads() * TRI_ROWS * Np : 0;
+  const int nthr = tri_threads(batch, M, N, K);
+  int64_t nrows = softmax ? (int64_t)nthr * TRI_ROWS * Np : 0;
   /* floats: the packed B, the threads' rows, then the int64 of tri_bad (two floats each) */
   int64_t nbp = npk + nrows + 2 * batch * nbad;
   rm_tensor *ws = nbp ? rm_tensor_new(ctx, RM_F32, RM_CPU, 1, &nbp, RM_CAT_WORKSPACE) : NULL;
@@ -403,8 +411,8 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
                 .py = rm_tensor_ptr(y),
                 .bad = nbad ? (int64_t *)(void *)(wp + npk + nrows) : NULL,
                 .softmax = softmax, .sc = sc, .rows = nrows ? wp + npk : NULL };
-  const bool par = (double)batch * (double)M * (double)N * (double)K > RM_CPU_PAR_MIN && !omp_in_parallel();
-  if (!par || batch >= 2 * omp_get_max_threads()) {
+  const bool par = nthr > 1;
+  if (!par || batch >= 2 * nthr) {
     /* whole products per thread: a product's packed B stays in its thread's cache (split
      * by row tiles, two threads took 0.66-0.68x of one thread's time for attention's
      * scores, against 0.55-0.58x this way: the packed rows crossed between the cores) */
@@ -504,7 +512,7 @@ static int mm_geo_prepare(rm_ctx *ctx, rm_tensor *a, rm_tensor *b, const rm_tens
 /* The tiles read B's packed copy through int32 gather offsets: a B whose column stride
  * is past them is copied contiguous first. */
 static int tiles_fit_b(rm_ctx *ctx, mm_geo *g) {
-  if (g->B.sc == 1 || (g->B.sc > 0 && g->B.sc <= INT_MAX / 16)) return RM_OK;
+  if (g->B.sc == 1 || (g->B.sc >= 0 && g->B.sc <= INT_MAX / 16)) return RM_OK;
   rm_tensor *c = workspace_copy(ctx, g->B.t);
   if (!c) return ctx->err_code;
   rm_tensor_drop(ctx, g->cb);
@@ -632,9 +640,11 @@ static size_t matmul_softmax_workspace(rm_ctx *ctx, int nin, rm_tensor *const *i
                          b->shape, &n, bs)) return 0;
   for (int d = 0; d < n; d++) numel *= bs[d];
   if (numel == 0) return 0;   /* neither kernel runs */
-  if (softmax_tiles(ctx, &mm, &sm, x->dtype) && x->shape[x->ndim - 1] != 0)
+  if (softmax_tiles(ctx, &mm, &sm, x->dtype) && x->shape[x->ndim - 1] != 0) {
+    int64_t M = x->shape[x->ndim - 2], K = x->shape[x->ndim - 1], N = b->shape[nd - 1];
     return tri_workspace(ctx, in, &mm) +
-           (size_t)omp_get_max_threads() * TRI_ROWS * (size_t)tri_np(b->shape[nd - 1]) * sizeof(float);
+           (size_t)tri_threads(numel / (M * N), M, N, K) * TRI_ROWS * (size_t)tri_np(N) * sizeof(float);
+  }
   return (size_t)numel * rm_dtype_size(x->dtype) + (x->shape[x->ndim - 1] != 0 ? tri_workspace(ctx, in, &mm) : 0);
 }
 

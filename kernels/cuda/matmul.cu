@@ -429,6 +429,7 @@ RM_CUDA_KERNEL(matmul_softmax) {
   rm_attrs mm, sm;
   rm_matmul_softmax_split(a, &mm, &sm);
   size_t bytes = (size_t)cu_numel(y) * cu_dsize(y->dtype);
+  if (bytes == 0) return RM_OK;   /* an empty result (the workspace predicted is 0) */
   void *p = cu_scratch(ctx, bytes);
   if (!p) return ctx->err_code;
   /* the product: y's geometry over the workspace */

@@ -140,14 +140,16 @@ return function(K)
     pipe:close()
     assert(out:find("fallback ok", 1, true), "the fallback path: " .. out)
   end
-  -- y and r hold the same bits (NaN where r has NaN); within tol of r on CUDA
+  -- y and r hold the same bits (the sign of a zero and a NaN's payload too); on CUDA,
+  -- values within tol of r's, NaN where r has NaN
   local function check_bits(y, r, what)
     local a = C.flat(K.device == "cpu" and y or C.to_device(y, "cpu"))
     local b = C.flat(K.device == "cpu" and r or C.to_device(r, "cpu"))
     assert(#a == #b, what .. ": sizes differ")
     for i = 1, #a do
-      if b[i] ~= b[i] then assert(a[i] ~= a[i], ("%s[%d]: %.17g, the two ops NaN"):format(what, i, a[i]))
-      elseif K.device == "cpu" then assert(a[i] == b[i], ("%s[%d]: %.17g, the two ops %.17g"):format(what, i, a[i], b[i]))
+      if K.device == "cpu" then
+        assert(string.pack("<d", a[i]) == string.pack("<d", b[i]), ("%s[%d]: %.17g, the two ops %.17g"):format(what, i, a[i], b[i]))
+      elseif b[i] ~= b[i] then assert(a[i] ~= a[i], ("%s[%d]: %.17g, the two ops NaN"):format(what, i, a[i]))
       else assert(math.abs(a[i] - b[i]) <= tol * math.max(1, math.abs(b[i])), what .. " vs the two ops at " .. i) end
     end
   end
@@ -598,6 +600,24 @@ return function(K)
                 check_bits(y, op("softmax", { dim = -1, scale = sc, causal = true }, op("matmul", at, q, k)), what)
               end
             end
+          end
+        end,
+        ["the tiles' path where the CPU has them: no product in its workspace, whole products per thread too"] = function()
+          if K.device ~= "cpu" or K.dtype ~= "float32" or remat.info().vector_path ~= "avx512" then return end
+          -- batch 8 >= 2 threads each: whole products per thread; batch 1: row tiles over
+          -- the threads; the workspace peak tells the tiles (packed k^T and a few rows of
+          -- scores per thread) from the two kernels (the whole product)
+          for _, B in ipairs { 8, 1 } do
+            local T, D = 64, 16
+            local q = K.rand({ B, T, D }, -2, 2)
+            local k = K.noncontig({ B, D, T }, -2, 2)
+            local fa = { tri = 1, neg_inf = true, dim = -1, scale = 0.25, causal = true }
+            remat.memory.reset_peak()
+            local y = op("matmul_softmax", fa, q, k)
+            local ws = remat.memory.stats().peak_by_category.workspace
+            assert(ws < B * T * T * 4, ("batch %d: workspace peak %d bytes, the product's %d"):format(B, ws, B * T * T * 4))
+            check_bits(y, op("softmax", { dim = -1, scale = 0.25, causal = true }, op("matmul", { tri = 1, neg_inf = true }, q, k)),
+              "batch " .. B)
           end
         end,
         ["not causal, another dim, broadcast batch dims, size-1 dims"] = function()
