@@ -306,9 +306,9 @@ void cu_scratch_free(rm_ctx *ctx, void *p, size_t bytes) {
 
 /* ---- kernel workspace for dry runs ----
  * Predicted: attention's score blocks and operand copies (by far the largest: up to
- * ATT_WORKSPACE, 256 MiB), the losses' row sums and matmul_softmax's product. Not predicted: the few-KB partial
- * sums of reductions and norms, the embedding backward's sort buffers, and copies of
- * operands a GEMM cannot read in place. */
+ * ATT_WORKSPACE, 256 MiB), the losses' row sums and matmul_softmax's product. Not
+ * predicted: the few-KB partial sums of reductions and norms, the embedding backward's
+ * sort buffers, and copies of operands a GEMM cannot read in place. */
 static size_t cuda_workspace(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a) {
   switch (op) {
   case RM_OP_ATTENTION:
