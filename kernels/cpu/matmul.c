@@ -451,6 +451,18 @@ static int tri_f32_avx512(rm_ctx *ctx, const rm_attrs *a, rm_tensor *y, const op
 
 bool rm_cpu_tri_products(rm_ctx *ctx, rm_dtype dt) { return dt == RM_F32 && rm_cpu_avx512(ctx); }
 
+/* Products in matmul(x, b) (their batch dims broadcast; a 1-D operand has none), for
+ * dry-run workspace; -1 when the batch dims do not broadcast (the op's infer says so). */
+static int64_t products_of(rm_ctx *ctx, const rm_tensor *x, const rm_tensor *b) {
+  int n;
+  int64_t bs[RM_MAX_DIM], batch = 1;
+  if (rm_broadcast_shape(ctx, "matmul", x->ndim > 2 ? x->ndim - 2 : 0, x->shape, b->ndim > 2 ? b->ndim - 2 : 0,
+                         b->shape, &n, bs))
+    return -1;
+  for (int d = 0; d < n; d++) batch *= bs[d];
+  return batch;
+}
+
 /* A (triangular) matmul's workspace: the masked copy, or the tiles' packed B and
  * tri_bad's; 0 for a plain product. */
 static size_t tri_workspace(rm_ctx *ctx, rm_tensor *const *in, const rm_attrs *a) {
@@ -462,11 +474,10 @@ static size_t tri_workspace(rm_ctx *ctx, rm_tensor *const *in, const rm_attrs *a
     const rm_tensor *t = tri == RM_TRI_A ? x : tri == RM_TRI_B ? b : NULL;
     return t ? (size_t)rm_tensor_numel(t) * es : 0;
   }
-  int nd = b->ndim, n;
+  int nd = b->ndim;
   int64_t M = x->shape[x->ndim - 2], K = b->shape[nd - 2], N = b->shape[nd - 1];
-  int64_t sr = b->stride[nd - 2], sc = b->stride[nd - 1], bs[RM_MAX_DIM], batch = 1;
-  if (rm_broadcast_shape(ctx, "matmul", x->ndim - 2, x->shape, nd - 2, b->shape, &n, bs)) return 0;
-  for (int d = 0; d < n; d++) batch *= bs[d];
+  int64_t sr = b->stride[nd - 2], sc = b->stride[nd - 1], batch = products_of(ctx, x, b);
+  if (batch < 0) return 0;
   /* the packed B when it is read down its columns (not when copied first: not predicted) */
   rm_blasmat m;
   size_t bytes = sc != 1 && rm_as_blas(K, N, sr, sc, &m) ? (size_t)(batch * K * tri_np(N)) * sizeof(float) : 0;
@@ -634,16 +645,13 @@ static size_t matmul_softmax_workspace(rm_ctx *ctx, int nin, rm_tensor *const *i
   rm_matmul_softmax_split(a, &mm, &sm);
   if (nin != 2 || in[0]->ndim < 1 || in[1]->ndim < 1) return 0;
   const rm_tensor *x = in[0], *b = in[1];
-  int nd = b->ndim, n;
-  int64_t bs[RM_MAX_DIM], numel = (x->ndim >= 2 ? x->shape[x->ndim - 2] : 1) * (nd >= 2 ? b->shape[nd - 1] : 1);
-  if (rm_broadcast_shape(ctx, "matmul_softmax", x->ndim > 2 ? x->ndim - 2 : 0, x->shape, nd > 2 ? nd - 2 : 0,
-                         b->shape, &n, bs)) return 0;
-  for (int d = 0; d < n; d++) numel *= bs[d];
-  if (numel == 0) return 0;   /* neither kernel runs */
+  int nd = b->ndim;
+  int64_t batch = products_of(ctx, x, b);
+  int64_t numel = batch * (x->ndim >= 2 ? x->shape[x->ndim - 2] : 1) * (nd >= 2 ? b->shape[nd - 1] : 1);
+  if (numel <= 0) return 0;   /* neither kernel runs (or no batch: the infer raised) */
   if (softmax_tiles(ctx, &mm, &sm, x->dtype) && x->shape[x->ndim - 1] != 0) {
     int64_t M = x->shape[x->ndim - 2], K = x->shape[x->ndim - 1], N = b->shape[nd - 1];
-    return tri_workspace(ctx, in, &mm) +
-           (size_t)tri_threads(numel / (M * N), M, N, K) * TRI_ROWS * (size_t)tri_np(N) * sizeof(float);
+    return tri_workspace(ctx, in, &mm) + (size_t)tri_threads(batch, M, N, K) * TRI_ROWS * (size_t)tri_np(N) * sizeof(float);
   }
   return (size_t)numel * rm_dtype_size(x->dtype) + (x->shape[x->ndim - 1] != 0 ? tri_workspace(ctx, in, &mm) : 0);
 }
