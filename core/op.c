@@ -742,11 +742,6 @@ static int node_recompute(rm_ctx *ctx, rm_node *n, rm_tensor *want) {
   if (!m) return replay_as(ctx, n, n->op, n->nin, n->in, &n->attrs, want);
   rm_attrs fa;
   rm_attrs_init(&fa);
-  fa.matmul_softmax.tri = m->attrs.matmul.tri;
-  fa.matmul_softmax.upper = m->attrs.matmul.upper;
-  fa.matmul_softmax.neg_inf = m->attrs.matmul.neg_inf;
-  fa.matmul_softmax.dim = n->attrs.softmax.dim;
-  fa.matmul_softmax.scale = n->attrs.softmax.scale;
-  fa.matmul_softmax.causal = n->attrs.softmax.causal;
+  rm_matmul_softmax_join(&m->attrs, &n->attrs, &fa);
   return replay_as(ctx, n, RM_OP_MATMUL_SOFTMAX, m->nin, m->in, &fa, want);
 }

@@ -86,6 +86,16 @@ static inline void rm_matmul_softmax_split(const rm_attrs *a, rm_attrs *mm, rm_a
   sm->softmax.scale = a->matmul_softmax.scale;
   sm->softmax.causal = a->matmul_softmax.causal;
 }
+/* The inverse: matmul_softmax's attrs (*a, initialised by the caller) from a matmul's
+ * (*mm) and a softmax's (*sm). */
+static inline void rm_matmul_softmax_join(const rm_attrs *mm, const rm_attrs *sm, rm_attrs *a) {
+  a->matmul_softmax.tri = mm->matmul.tri;
+  a->matmul_softmax.upper = mm->matmul.upper;
+  a->matmul_softmax.neg_inf = mm->matmul.neg_inf;
+  a->matmul_softmax.dim = sm->softmax.dim;
+  a->matmul_softmax.scale = sm->softmax.scale;
+  a->matmul_softmax.causal = sm->softmax.causal;
+}
 rm_tensor *rm_linear(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* x w^T + b; b may be NULL */
 rm_tensor *rm_linear_gelu(rm_ctx *ctx, rm_tensor *x, rm_tensor *w, rm_tensor *b); /* gelu_tanh(x w^T + b) */
 
