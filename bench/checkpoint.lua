@@ -181,10 +181,10 @@ local function measure(task, list, rounds)
   end
   for i = #list, 1, -1 do list[i] = nil end
   table.move(kept, 1, #kept, 1, list)
-  -- per-op timers on through the rounds: each op call's cost becomes the mean time of
-  -- its first runs in these steps (same load, same caches), which prices the replays
+  -- per-op timers on through the rounds; from the first measured round, each op call's
+  -- cost becomes the mean time of its replays in these steps (else of its first runs:
+  -- same load, same caches), which prices the replays
   C.op_timers(true)
-  C.opcost_learn(true)
   -- each round starts one entry later than the one before and wraps around: where the
   -- machine slows down within a round (memory bandwidth shared with neighbours), no
   -- entry is always the one that pays for it, and none runs twice in a row (as the
