@@ -130,6 +130,74 @@ describe("per-op costs", function()
     assert.equal(0, f.replay_calls)
     assert.equal(f.seconds / 2, k:plan(x, { policy = policy.selective { "gelu" } }).recompute_cost)
   end)
+
+  -- what a plan changes in the rest of the step: first runs and backward per run slot
+  local function entry(op)
+    for _, e in ipairs(C.opcost_entries()) do if e.op == op then return e end end
+  end
+  local function sum(t) local s = 0 for _, v in ipairs(t) do s = s + v end return s end
+
+  it("learn first runs and backward per run slot: a step that keeps all, or what a plan keeps or replays", function()
+    local x = remat.randn(8, 16)
+    local m = nn.Sequential { block(16), block(16), block(16), block(16) }
+    local function plan_sim(p) return C.plan_simulate(m, x, C.policy_plan(m, x, p), nil, true) end
+    m:plan(x, { policy = policy.every(1) })
+    -- nothing learned yet: the replays' context is unknown, the probe's credit prices it
+    local before = plan_sim(policy.every(1))
+    assert.is_true(before.credit_unknown > 0)
+    assert.equal(0, before.credit)
+    m:checkpoint(policy.none())
+    C.op_timers(true)
+    C.opcost_learn(true)
+    for _ = 1, 2 do
+      for _, p in ipairs { policy.none(), policy.every(1) } do
+        m:checkpoint(p)
+        local y = m(x)
+        y:sum():backward()
+        y:free()
+      end
+    end
+    C.op_timers(false)
+    C.opcost_learn(false)
+    -- the GELU: first runs in plain steps (2 steps x 4 layers) and in evicted layers of
+    -- every(1) (its last layer keeps); its backward reads a replayed input there
+    local g = entry("gelu")
+    assert.equal(8, g.first.plain_n)
+    assert.equal(6, sum(g.first.replayed_n))
+    assert.equal(2, sum(g.first.kept_n))
+    assert.equal(8, g.backward.plain_n)
+    assert.equal(6, sum(g.backward.replayed_n))
+    -- every node that reads replayed data is now priced, and the plan's step time is its
+    -- replays less what its context saves, never below 0
+    local sim = plan_sim(policy.every(1))
+    assert.equal(0, sim.credit_unknown)
+    assert.are_not.equal(0, sim.credit)
+    local r = m:plan(x, { policy = policy.every(1) })
+    assert.near(math.max(0, r.recompute_cost - sim.credit), r.step_cost, 1e-12)
+    -- keeping everything saves and replays nothing
+    local keep = plan_sim(policy.none())
+    assert.equal(0, keep.credit)
+    assert.equal(0, keep.credit_unknown)
+    -- turning learning on again forgets it
+    C.opcost_learn(true)
+    C.opcost_learn(false)
+    assert.equal(0, entry("gelu").first.plain_n)
+  end)
+
+  it("price a plan's step from the sims' learned credit: replays less the credit, at least 0", function()
+    local x = remat.randn(2, 4)
+    local function sim(rc, cr, unknown)
+      return { peak = 0, base = 0, held = 0, loss_peak = 0, layers = {
+        { recompute_cost = rc, credit = cr, credit_unknown = unknown, saved = 100, param_bytes = 0 } } }
+    end
+    local keep = sim(0, 0, 0)
+    assert.near(2e-3, C.plan_step_cost(x, sim(3e-3, 1e-3, 0), keep, { "boundary" }), 1e-15)
+    assert.equal(0, C.plan_step_cost(x, sim(1e-3, 2e-3, 0), keep, { "boundary" }))
+    -- a credit below 0 (the context costs more than keeping all) adds to the replays
+    assert.near(4e-3, C.plan_step_cost(x, sim(3e-3, -1e-3, 0), keep, { "boundary" }), 1e-15)
+    -- one call not learned: the probe's cache credit instead (at most the replays)
+    assert.is_true(C.plan_step_cost(x, sim(3e-3, 1e-3, 1), keep, { "boundary" }) <= 3e-3)
+  end)
 end)
 
 describe("per-op timers", function()
