@@ -73,7 +73,6 @@ void rm_chain_from_sims(const rm_sim *keep, const rm_sim *sel, rm_chain_layer *o
   chain->held = (double)keep->held;
   chain->loss_peak = (double)keep->loss_peak;
   chain->credit = (rm_credit){ 0 };
-  chain->learned = false;
 }
 
 /* ---- the cache credit (opcost.h) ---- */
@@ -106,26 +105,10 @@ void rm_chain_credit(rm_chain *chain, rm_chain_layer *c, const rm_sim *keep, rm_
   }
 }
 
-bool rm_chain_learned_credit(rm_chain *chain, rm_chain_layer *c, const rm_sim *last, const rm_sim *sel) {
-  if (last->credit_unknown || (sel && sel->credit_unknown)) return false;
-  chain->learned = true;
-  chain->credit = (rm_credit){ 0 };
-  for (int k = 0; k < chain->n; k++) {
-    c[k].rep_credit = last->layers[k].credit;
-    if (c[k].sel_cost >= 0 && sel) c[k].sel_cost = less_credit(c[k].sel_cost, sel->layers[k].credit);
-  }
-  return true;
-}
-
 double rm_plan_step_cost(const rm_sim *sim, const rm_sim *keep, const rm_plan *p, rm_credit cr) {
   double t = 0;
   int n = sim->n < keep->n ? sim->n : keep->n;
   if (p->n < n) n = p->n;
-  if (sim->credit_unknown == 0) {
-    double saved = 0;
-    for (int k = 0; k < n; k++) t += sim->layers[k].recompute_cost, saved += sim->layers[k].credit;
-    return less_credit(t, saved);
-  }
   for (int k = 0; k < n;) {
     const rm_layer_stats *L = &sim->layers[k], *K = &keep->layers[k];
     if (p->action[k] == RM_KEEP || p->action[k] == RM_SELECTIVE) {
@@ -177,7 +160,6 @@ typedef struct seg_walk {
   double full;    /* forward cost of a..b */
   double cost;    /* replay cost of the segment a..b, less its cache credit */
   double act, par; /* bytes its replay makes for backward, parameters it reads */
-  double rep;     /* the layers' learned credit (chain->learned) */
 } seg_walk;
 
 static void seg_begin(const rm_chain *c, int a, double P, bool seg, seg_walk *w) {
@@ -185,7 +167,7 @@ static void seg_begin(const rm_chain *c, int a, double P, bool seg, seg_walk *w)
   double counted = a == 0 || seg ? 0 : l->in_kept;
   w->P0 = a == 0 ? P : P - counted + l->in_bytes;
   w->first = w->replay = -1;
-  w->S = w->full = w->cost = w->act = w->par = w->rep = 0;
+  w->S = w->full = w->cost = w->act = w->par = 0;
 }
 
 /* Adds layer b; returns the segment's peak and P after it. */
@@ -199,9 +181,7 @@ static double seg_extend(const rm_chain *c, int a, int b, seg_walk *w, double *P
   w->first = dmax(w->first, w->P0 + c->held + w->S + l->keep_bwd);
   w->act += l->keep_saved;
   w->par += l->param_bytes;
-  w->rep += l->rep_credit;
-  w->cost = less_credit(w->full + (l->last_cost >= 0 ? l->last_cost : l->cost),
-                        c->learned ? w->rep : credit_of(c->credit, w->act, w->par));
+  w->cost = less_credit(w->full + (l->last_cost >= 0 ? l->last_cost : l->cost), credit_of(c->credit, w->act, w->par));
   w->full += l->cost;
   *P_after = w->P0 + (b == c->n - 1 ? l->out_bytes : 0);
   return dmax(w->first, w->replay + l->out_bytes);

@@ -42,14 +42,6 @@ static int layer_of(const rm_measure *m, const rm_node *n) {
   return -1;
 }
 
-/* What the plan's run state saves the call against keeping everything (opcost.h). */
-static void add_credit(rm_ctx *ctx, rm_layer_stats *l, rm_op_id op, int nin, rm_tensor *const *in,
-                       const rm_attrs *a, bool backward, int slot) {
-  bool known;
-  l->credit += rm_opcost_context_credit(ctx, op, nin, in, a, backward, slot, &known);
-  l->credit_unknown += !known;
-}
-
 static int on_op(rm_ctx *ctx, const rm_event *ev, void *ud) {
   rm_measure *m = ud;
   /* a forward op of a layer (backward runs with grad off), or a replay of one */
@@ -67,7 +59,6 @@ static int on_op(rm_ctx *ctx, const rm_event *ev, void *ud) {
   } else {
     l->flops += flops;
     l->cost += cost;
-    add_credit(ctx, l, (rm_op_id)ev->op, ev->nin, ev->in, ev->attrs, false, rm_opcost_layer_slot(m->seq->plan, layer));
   }
   return RM_OK;
 }
@@ -124,10 +115,6 @@ void rm_measure_close(rm_ctx *ctx, rm_measure *m) {
 static int on_node_before(rm_ctx *ctx, const rm_event *ev, void *ud) {
   rm_measure *m = ud;
   int layer = layer_of(m, ev->node);
-  if (layer >= 0) {
-    const rm_node *n = ev->node;
-    add_credit(ctx, &m->layers[layer], n->op, n->nin, n->in, &n->attrs, true, rm_opcost_node_slot(m->seq->plan, n));
-  }
   if (layer == m->bwd_layer) return RM_OK;
   if (m->in_loss) {
     m->in_loss = false;

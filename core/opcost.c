@@ -5,7 +5,6 @@
 #include "backend.h"
 #include "opcost.h"
 #include "ops.h"
-#include "plan.h"
 
 #define MAX_IN 8        /* calls with more inputs are priced by the roofline */
 #define REPS 7          /* timed runs per call (after one warm-up); the least is kept */
@@ -27,9 +26,6 @@ typedef struct entry {
   int64_t nlearned;     /* ... over this many runs (rm_opcost_learn) */
   double rlearned;      /* the same for its replays ... */
   int64_t nrlearned;    /* ... (what a plan prices, where seen: see rm_opcost_seconds) */
-  double ctx_s[2][RM_RUN_SLOTS];    /* seconds of its first runs [0] and of its nodes'
-                                     * backward [1], summed per run state (opcost.h) ... */
-  int64_t ctx_n[2][RM_RUN_SLOTS];   /* ... over this many (rm_opcost_context_credit) */
   rm_device device;
   rm_op_id op;
   int nin;
@@ -48,17 +44,6 @@ typedef struct rm_opcost {
   int pending;
   rm_op_timing timing;
   bool timing_valid;
-  double replay_total;  /* seconds of every timed replay, for the backward timer */
-  bool hooked;          /* the learner listens (rm_opcost_learn) */
-  const rm_module *plan_seq; /* the planned Sequential whose forward runs (NULL: none) */
-  int step_bucket;      /* the last forward's plan (its backward's): its bucket, -1 when
-                         * it evicts nothing */
-  int fwd_slot;         /* the run slot of the forward layer running now */
-  bool in_node;         /* inside a node's backward (its ops are not first runs) */
-  const rm_node *bw_node; /* the node whose backward is being timed ... */
-  uint64_t bw_key;      /* ... its call, */
-  int bw_slot;          /* its run slot, */
-  double bw_t0, bw_replay0; /* the clock and replay_total when it began */
 } rm_opcost;
 
 static rm_opcost *get(rm_ctx *ctx) {
@@ -348,19 +333,10 @@ int rm_opcost_cache_credit(rm_ctx *ctx, rm_device dev, size_t working_set, rm_cr
   return RM_OK;
 }
 
-void rm_opcost_each(const rm_ctx *ctx, void (*f)(const rm_opcost_call *call, void *ud), void *ud) {
+void rm_opcost_each(const rm_ctx *ctx, void (*f)(rm_op_id op, double seconds, double units, void *ud), void *ud) {
   const rm_opcost *c = ctx->opcost;
-  for (size_t i = 0; c && i < c->cap; i++) {
-    const entry *e = &c->e[i];
-    if (!e->key || !(e->seconds >= 0)) continue;
-    rm_opcost_call k = { .op = e->op, .seconds = e->seconds, .units = e->units };
-    for (int b = 0; b < 2; b++)
-      for (int st = 0; st < RM_RUN_SLOTS; st++) {
-        k.n[b][st] = e->ctx_n[b][st];
-        k.mean[b][st] = e->ctx_n[b][st] ? e->ctx_s[b][st] / (double)e->ctx_n[b][st] : 0;
-      }
-    f(&k, ud);
-  }
+  for (size_t i = 0; c && i < c->cap; i++)
+    if (c->e[i].key && c->e[i].seconds >= 0) f(c->e[i].op, c->e[i].seconds, c->e[i].units, ud);
 }
 
 void rm_opcost_enable(rm_ctx *ctx, bool on) { ctx->opcost_off = !on; }
@@ -377,165 +353,16 @@ void rm_opcost_reset(rm_ctx *ctx) {
 }
 
 void rm_opcost_free(rm_ctx *ctx) {
-  if (ctx->opcost && ctx->opcost->hooked) rm_opcost_learn(ctx, false);
   rm_opcost_reset(ctx);
   rm_host_free(ctx, ctx->opcost, sizeof(rm_opcost));
   ctx->opcost = NULL;
 }
 
-/* ---- the learner's run states: a call's first runs and backward, by plan ---- */
-
-bool rm_opcost_node_hot(const rm_node *n) {
-  for (int i = 0; i < n->nin; i++)
-    if (rm_node_saved_in(n, i) && (!n->in[i]->storage || n->in[i]->replay_reads >= 0)) return true;
-  for (int j = 0; j < n->nout; j++)
-    if ((n->saved_out >> j) & 1u && n->out[j] && (!n->out[j]->storage || n->out[j]->replay_reads >= 0)) return true;
-  return false;
-}
-
-static bool plan_evicts(const rm_plan *p) {
-  for (int i = 0; p && i < p->n; i++)
-    if (p->action[i] != RM_KEEP) return true;
-  return false;
-}
-
-/* The bucket of the share of the model p keeps (opcost.h). */
-static int plan_bucket(const rm_plan *p) {
-  double kept = 0;
-  for (int i = 0; i < p->n; i++) kept += p->action[i] == RM_KEEP ? 1 : p->action[i] == RM_SELECTIVE ? 0.5 : 0;
-  int b = p->n > 0 ? (int)(kept / p->n * RM_RUN_BUCKETS) : 0;
-  return b < RM_RUN_BUCKETS ? b : RM_RUN_BUCKETS - 1;
-}
-
-static int slot_of(const rm_plan *p, rm_run_state st) {
-  return st == RM_RUN_PLAIN ? 0 : 1 + (st - 1) * RM_RUN_BUCKETS + plan_bucket(p);
-}
-
-int rm_opcost_layer_slot(const rm_plan *p, int layer) {
-  if (!plan_evicts(p)) return 0;
-  return slot_of(p, layer >= 0 && layer < p->n && p->action[layer] != RM_KEEP ? RM_RUN_REPLAYED : RM_RUN_KEPT);
-}
-
-int rm_opcost_node_slot(const rm_plan *p, const rm_node *n) {
-  if (!plan_evicts(p)) return 0;
-  return slot_of(p, rm_opcost_node_hot(n) ? RM_RUN_REPLAYED : RM_RUN_KEPT);
-}
-
-/* A planned Sequential's layer sets the state of the forward ops that follow; a
- * Sequential without a plan does so only where none with one runs (it may be a layer
- * of one). */
-static int on_layer_begin(rm_ctx *ctx, const rm_event *ev, void *ud) {
-  rm_opcost *c = ud;
-  c->in_node = false;
-  const rm_module *seq = ev->seq;
-  if (seq->plan || !c->plan_seq) {
-    if (ev->layer == 0) c->step_bucket = plan_evicts(seq->plan) ? plan_bucket(seq->plan) : -1;
-    c->plan_seq = seq->plan ? seq : NULL;
-    c->fwd_slot = rm_opcost_layer_slot(seq->plan, ev->layer);
-  }
-  return RM_OK;
-}
-
-static int on_layer_end(rm_ctx *ctx, const rm_event *ev, void *ud) {
-  rm_opcost *c = ud;
-  if (ev->seq == c->plan_seq && ev->layer == ev->seq->nchildren - 1) c->plan_seq = NULL;
-  if (!c->plan_seq) c->fwd_slot = 0;
-  return RM_OK;
-}
-
-static bool node_timed(const rm_ctx *ctx, const rm_node *n) {
-  return ctx->op_timing && !ctx->dry && n->nin > 0 && n->nin <= MAX_IN && n->in[0]->device == RM_CPU;
-}
-
-static int on_node_before(rm_ctx *ctx, const rm_event *ev, void *ud) {
-  rm_opcost *c = ud;
-  const rm_node *n = ev->node;
-  c->bw_node = NULL;
-  c->in_node = true;
-  if (!node_timed(ctx, n)) return RM_OK;
-  c->bw_key = call_key(n->op, n->nin, n->in, &n->attrs);
-  if (!find(c, c->bw_key)) return RM_OK;  /* only calls a dry run priced */
-  c->bw_node = n;
-  c->bw_slot = c->step_bucket < 0 ? 0 : 1 + (rm_opcost_node_hot(n) ? RM_RUN_BUCKETS : 0) + c->step_bucket;
-  c->bw_replay0 = c->replay_total;
-  c->bw_t0 = rm_opcost_clock();
-  return RM_OK;
-}
-
-/* The node's backward time, less the replays it ran (priced on their own). */
-static int on_node_after(rm_ctx *ctx, const rm_event *ev, void *ud) {
-  rm_opcost *c = ud;
-  c->in_node = false;
-  if (c->bw_node != ev->node) return RM_OK;
-  double t = rm_opcost_clock() - c->bw_t0 - (c->replay_total - c->bw_replay0);
-  c->bw_node = NULL;
-  entry *e = find(c, c->bw_key);
-  if (e && t >= 0) e->ctx_s[1][c->bw_slot] += t, e->ctx_n[1][c->bw_slot]++;
-  return RM_OK;
-}
-
-double rm_opcost_context_credit(const rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, const rm_attrs *a,
-                                bool backward, int slot, bool *known) {
-  *known = true;
-  if (slot <= 0 || slot >= RM_RUN_SLOTS) return 0;
-  const rm_op_def *def = rm_op_def_get(op);
-  if (!def || (def->flags & RM_OPF_VIEW)) return 0;   /* views cost nothing to price */
-  *known = false;
-  const rm_opcost *c = ctx->opcost;
-  if (!c || nin > MAX_IN) return 0;
-  const entry *e = find((rm_opcost *)c, call_key(op, nin, in, a));
-  if (!e) return 0;
-  const double *s = e->ctx_s[backward];
-  const int64_t *n = e->ctx_n[backward];
-  if (!n[0]) return 0;
-  /* the nearest learned bucket of the slot's state */
-  int first = 1 + (slot - 1) / RM_RUN_BUCKETS * RM_RUN_BUCKETS, b = (slot - 1) % RM_RUN_BUCKETS;
-  for (int d = 0; d < RM_RUN_BUCKETS; d++)
-    for (int sgn = -1; sgn <= 1; sgn += 2) {
-      int k = b + sgn * d;
-      if (k < 0 || k >= RM_RUN_BUCKETS || !n[first + k]) continue;
-      *known = true;
-      return s[0] / (double)n[0] - s[first + k] / (double)n[first + k];
-    }
-  return 0;
-}
-
-static const struct { rm_hook_kind kind; rm_hook_fn fn; } learner_hooks[] = {
-  { RM_HOOK_LAYER_BEGIN, on_layer_begin }, { RM_HOOK_LAYER_END, on_layer_end },
-  { RM_HOOK_NODE_BEFORE, on_node_before }, { RM_HOOK_NODE_AFTER, on_node_after },
-};
-#define NLEARNER (int)(sizeof learner_hooks / sizeof learner_hooks[0])
-
-int rm_opcost_learn(rm_ctx *ctx, bool on) {
-  rm_opcost *c = get(ctx);
-  if (!c) return rm_fail(ctx, RM_ERR_OOM, "opcost: out of host memory");
-  if (on)
-    for (size_t i = 0; i < c->cap; i++) {
-      entry *e = &c->e[i];
-      e->learned = e->rlearned = 0;
-      e->nlearned = e->nrlearned = 0;
-      memset(e->ctx_s, 0, sizeof e->ctx_s);
-      memset(e->ctx_n, 0, sizeof e->ctx_n);
-    }
-  if (on && !c->hooked) {
-    for (int k = 0; k < NLEARNER; k++) {
-      int rc = rm_hook_add(ctx, learner_hooks[k].kind, learner_hooks[k].fn, c);
-      if (rc) {
-        while (k-- > 0) rm_hook_remove(ctx, learner_hooks[k].kind, learner_hooks[k].fn, c);
-        return rc;
-      }
-    }
-  } else if (!on && c->hooked) {
-    for (int k = 0; k < NLEARNER; k++) rm_hook_remove(ctx, learner_hooks[k].kind, learner_hooks[k].fn, c);
-  }
-  c->hooked = on;
-  c->bw_node = NULL;
-  c->plan_seq = NULL;
-  c->fwd_slot = 0;
-  c->step_bucket = -1;
-  c->in_node = false;
+void rm_opcost_learn(rm_ctx *ctx, bool on) {
+  rm_opcost *c = ctx->opcost;
+  if (on && c)
+    for (size_t i = 0; i < c->cap; i++) c->e[i].learned = c->e[i].rlearned = 0, c->e[i].nlearned = c->e[i].nrlearned = 0;
   ctx->opcost_learn = on;
-  return RM_OK;
 }
 
 int rm_opcost_profile(rm_ctx *ctx, bool on) {
@@ -563,13 +390,8 @@ void rm_opcost_record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, c
     entry *e = find(c, call_key(op, nin, in, a));
     if (e && ctx->replay_depth > 0) e->rlearned += seconds, e->nrlearned++;
     else if (e) e->learned += seconds, e->nlearned++;
-    if (e && ctx->replay_depth == 0 && !c->in_node && c->hooked) {
-      e->ctx_s[0][c->fwd_slot] += seconds;
-      e->ctx_n[0][c->fwd_slot]++;
-    }
   }
   if (ctx->replay_depth > 0) {
-    c->replay_total += seconds;
     c->timing.replay_seconds[op] += seconds;
     c->timing.replay_calls[op]++;
   } else {

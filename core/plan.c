@@ -146,8 +146,6 @@ static int simulate(rm_ctx *ctx, rm_module *seq, rm_tensor *x, const rm_plan *p,
   for (int i = 0; i < n; i++) {
     sim->flops += layers[i].flops;
     sim->recompute_cost += layers[i].recompute_cost;
-    sim->credit += layers[i].credit;
-    sim->credit_unknown += layers[i].credit_unknown;
   }
 
   seq->plan = installed;

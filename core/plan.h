@@ -46,9 +46,6 @@ typedef struct rm_layer_stats {
   size_t fwd_peak;        /* peak above the live bytes at the layer's start, forward */
   size_t bwd_peak;        /* peak above the live bytes at the start of its backward */
   size_t param_bytes;
-  double credit;          /* what its first runs and backward save under the plan against
-                           * keeping everything (learned: rm_opcost_context_credit) */
-  int credit_unknown;     /* its calls whose credit was not learned */
 } rm_layer_stats;
 
 typedef struct rm_sim {
@@ -57,8 +54,6 @@ typedef struct rm_sim {
   double flops;           /* forward FLOPs */
   double recompute_flops; /* FLOPs replayed during backward */
   double recompute_cost;  /* their replay cost (rm_op_cost) */
-  double credit;          /* the layers' credit, summed */
-  int credit_unknown;     /* ... and their credit_unknown */
   size_t loss_peak;       /* peak above the forward's end before the first layer's backward */
   size_t held;            /* bytes the loss leaves live for the whole backward (its output,
                            * the model output's gradient) */
@@ -100,7 +95,6 @@ typedef struct rm_chain_layer {
                                  * backward reads (every(1)'s; < 0: cost) */
   double sel_cost;              /* replay cost under selective (< 0: not available) */
   double param_bytes;           /* its parameters (the cache credit of its replay) */
-  double rep_credit;            /* learned backward credit of its replay (rm_chain_learned_credit) */
 } rm_chain_layer;
 
 typedef struct rm_chain {
@@ -109,7 +103,6 @@ typedef struct rm_chain {
   double held;       /* live for the whole backward besides the layers' (the loss' leftovers) */
   double loss_peak;  /* peak of the loss above what the forward left */
   rm_credit credit;  /* the cache credit (zero: costs are replay time alone) */
-  bool learned;      /* the credit is the layers' rep_credit, not cache credit */
 } rm_chain;
 
 /* The chain of a Sequential from dry runs under keep-everything and all-selective
@@ -122,16 +115,8 @@ void rm_chain_from_sims(const rm_sim *keep, const rm_sim *sel, rm_chain_layer *o
  * replayed whole), for the share of them that a working set of that size keeps in
  * cache (cr.cold): a long segment's replay outgrows the cache. Never below 0. */
 void rm_chain_credit(rm_chain *chain, rm_chain_layer *c, const rm_sim *keep, rm_credit cr);
-/* Gives the chain the learned backward credit instead (opcost.h: what each node's
- * backward saves reading what a replay rebuilt, timed in real steps), from the dry runs
- * of every layer a boundary (last: each layer's replay as a segment's last) and of the
- * selective layers (sel; NULL: none). False (the chain unchanged) where a node those
- * runs have read replayed data has not been learned both ways. */
-bool rm_chain_learned_credit(rm_chain *chain, rm_chain_layer *c, const rm_sim *last, const rm_sim *sel);
 /* The step time plan p adds over keeping everything, by the same rule, from its dry run
- * sim and keep's (both with layers): the replays less the learned backward credit where
- * every node of sim that reads replayed data has it (sim->credit_unknown == 0), else less
- * the cache credit cr. */
+ * sim and keep's (both with layers). */
 double rm_plan_step_cost(const rm_sim *sim, const rm_sim *keep, const rm_plan *p, rm_credit cr);
 /* The working set a step's cache credit is measured for: what keep-everything holds
  * from forward to backward (activations) plus the parameters. */

@@ -294,12 +294,11 @@ static int budget_plan(search *s, rm_plan **out) {
       rm_sim last = { 0 };
       rc = e1 ? simulate(s, e1, true, &last) : rm_fail(ctx, RM_ERR_OOM, "policy.budget: out of host memory");
       for (int i = 0; !rc && i < n; i++) layers[i].last_cost = last.layers[i].recompute_cost;
-      /* the DP's costs become step time: replays less what backward then saves reading
-       * hot what they rebuilt, learned where timed steps have taught it, else the probe's */
-      if (!rc) rc = rm_opcost_cache_credit(ctx, s->x->device, rm_credit_working_set(&keep), &s->credit);
-      if (!rc && !rm_chain_learned_credit(&chain, layers, &last, &sel)) rm_chain_credit(&chain, layers, &keep, s->credit);
       rm_sim_free(ctx, &last);
       rm_plan_free(ctx, e1);
+      /* the DP's costs become step time: replays less what backward then reads hot */
+      if (!rc) rc = rm_opcost_cache_credit(ctx, s->x->device, rm_credit_working_set(&keep), &s->credit);
+      if (!rc) rm_chain_credit(&chain, layers, &keep, s->credit);
       s->keep = &keep;
     }
     if (!rc) rc = search_plans(s, &keep, &chain, &ops, act, out);

@@ -164,8 +164,6 @@ static void push_sim(lua_State *L, rm_ctx *ctx, const rm_tensor *x, const rm_sim
   set_num(L, "flops", sim.flops);
   set_num(L, "recompute_flops", sim.recompute_flops);
   set_num(L, "recompute_cost", sim.recompute_cost);
-  set_num(L, "credit", sim.credit);
-  set_int(L, "credit_unknown", (size_t)sim.credit_unknown);
   const rm_backend *be = x ? ctx->backend[x->device] : NULL;
   set_num(L, "flops_per_byte", be ? be->flops_per_byte : 0);
   set_int(L, "step_peak", sim.step_peak);
@@ -198,8 +196,6 @@ static void push_sim(lua_State *L, rm_ctx *ctx, const rm_tensor *x, const rm_sim
       set_int(L, "fwd_peak", s->fwd_peak);
       set_int(L, "bwd_peak", s->bwd_peak);
       set_int(L, "param_bytes", s->param_bytes);
-      set_num(L, "credit", s->credit);
-      set_int(L, "credit_unknown", (size_t)s->credit_unknown);
       lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "layers");
@@ -224,8 +220,7 @@ static double *chain_slot(rm_chain_layer *c, int f) {
 
 #define NFIELDS ((int)(sizeof chain_fields / sizeof *chain_fields))
 
-/* Reads a chain table { held=, loss_peak=, credit=, learned=, {keep_saved=, ..., rep_credit=}, ... }
- * into *chain. */
+/* Reads a chain table { held=, loss_peak=, {keep_saved=, ...}, ... } into *chain. */
 static void read_chain(lua_State *L, int idx, rm_chain *chain) {
   luaL_checktype(L, idx, LUA_TTABLE);
   int n = (int)luaL_len(L, idx);
@@ -237,7 +232,6 @@ static void read_chain(lua_State *L, int idx, rm_chain *chain) {
     for (int f = 0; f < NFIELDS; f++) *chain_slot(&c[i], f) = field(L, t, chain_fields[f], f == NFIELDS - 1 ? -1 : 0);
     c[i].last_cost = field(L, t, "last_cost", -1);
     c[i].param_bytes = field(L, t, "param_bytes", 0);
-    c[i].rep_credit = field(L, t, "rep_credit", 0);
     lua_pop(L, 1);
   }
   chain->layer = c;
@@ -245,8 +239,6 @@ static void read_chain(lua_State *L, int idx, rm_chain *chain) {
   chain->held = field(L, idx, "held", 0);
   chain->loss_peak = field(L, idx, "loss_peak", 0);
   chain->credit = (rm_credit){ 0 };
-  chain->learned = lua_getfield(L, idx, "learned") == LUA_TBOOLEAN && lua_toboolean(L, -1);
-  lua_pop(L, 1);
   if (lua_getfield(L, idx, "credit") == LUA_TTABLE) {   /* { act =, param =, cold = {7 shares} } */
     int t = lua_gettop(L);
     chain->credit.act = field(L, t, "act", 0);
@@ -283,10 +275,7 @@ static void read_sim(lua_State *L, int idx, rm_sim *sim) {
       .out_bytes = (size_t)field(L, e, "out_bytes", 0), .out_live = (size_t)field(L, e, "out_live", 0),
       .fwd_peak = (size_t)field(L, e, "fwd_peak", 0), .bwd_peak = (size_t)field(L, e, "bwd_peak", 0),
       .cost = field(L, e, "cost", 0), .recompute_cost = field(L, e, "recompute_cost", 0),
-      .param_bytes = (size_t)field(L, e, "param_bytes", 0), .credit = field(L, e, "credit", 0),
-      .credit_unknown = (int)field(L, e, "credit_unknown", 0) };
-    sim->credit += ls[i].credit;
-    sim->credit_unknown += ls[i].credit_unknown;
+      .param_bytes = (size_t)field(L, e, "param_bytes", 0) };
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
@@ -480,37 +469,15 @@ static int l_opcost_calibrate(lua_State *L) {
   return 1;
 }
 
-static void push_cost(const rm_opcost_call *k, void *ud) {
+static void push_cost(rm_op_id op, double seconds, double units, void *ud) {
   lua_State *L = ud;
-  lua_createtable(L, 0, 7);
-  lua_pushstring(L, rm_op_name(k->op));
+  lua_createtable(L, 0, 3);
+  lua_pushstring(L, rm_op_name(op));
   lua_setfield(L, -2, "op");
-  lua_pushnumber(L, k->seconds);
+  lua_pushnumber(L, seconds);
   lua_setfield(L, -2, "seconds");
-  lua_pushnumber(L, k->units);
+  lua_pushnumber(L, units);
   lua_setfield(L, -2, "units");
-  for (int b = 0; b < 2; b++) {
-    lua_createtable(L, 0, 6);
-    lua_pushnumber(L, k->mean[b][0]);
-    lua_setfield(L, -2, "plain");
-    lua_pushinteger(L, (lua_Integer)k->n[b][0]);
-    lua_setfield(L, -2, "plain_n");
-    static const char *const names[2][2] = { { "kept", "kept_n" }, { "replayed", "replayed_n" } };
-    for (int st = 0; st < 2; st++) {
-      lua_createtable(L, RM_RUN_BUCKETS, 0);
-      lua_createtable(L, RM_RUN_BUCKETS, 0);
-      for (int q = 0; q < RM_RUN_BUCKETS; q++) {
-        int slot = 1 + st * RM_RUN_BUCKETS + q;
-        lua_pushnumber(L, k->mean[b][slot]);
-        lua_rawseti(L, -3, q + 1);
-        lua_pushinteger(L, (lua_Integer)k->n[b][slot]);
-        lua_rawseti(L, -2, q + 1);
-      }
-      lua_setfield(L, -3, names[st][1]);
-      lua_setfield(L, -2, names[st][0]);
-    }
-    lua_setfield(L, -2, b ? "backward" : "first");
-  }
   lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
 }
 
@@ -520,9 +487,7 @@ static int l_plan_simulations(lua_State *L) {
   return 1;
 }
 
-/* C.opcost_entries() -> { {op =, seconds =, units =, first =, backward =}, ... }: every
- * measured call; first / backward: { plain =, plain_n =, kept = {per bucket}, kept_n =,
- * replayed =, replayed_n = }: learned mean seconds per run slot, and how many (opcost.h) */
+/* C.opcost_entries() -> { {op =, seconds =, units =}, ... }: every measured call */
 static int l_opcost_entries(lua_State *L) {
   lua_newtable(L);
   rm_opcost_each(rm_lua_ctx(L), push_cost, L);
@@ -531,8 +496,7 @@ static int l_opcost_entries(lua_State *L) {
 
 /* C.opcost_learn(on): per-op costs learned from the timed steps that follow */
 static int l_opcost_learn(lua_State *L) {
-  rm_ctx *ctx = rm_lua_ctx(L);
-  if (rm_opcost_learn(ctx, lua_toboolean(L, 1))) return rm_lua_fail(L, "opcost_learn");
+  rm_opcost_learn(rm_lua_ctx(L), lua_toboolean(L, 1));
   return 0;
 }
 

@@ -109,14 +109,9 @@ PlanReport.__tostring = function(r)
   lines[#lines + 1] = ("recompute: %s (%.1f%% of the forward's %s); predicted replay time %.3f ms"):format(fmt_flops(r.recompute_flops),
     r.flops > 0 and 100 * r.recompute_flops / r.flops or 0, fmt_flops(r.flops), r.recompute_cost * 1e3)
   local MiB = 1024 * 1024
-  lines[#lines + 1] = ("predicted step time added: %.3f ms (the replays less the learned or the cache credit)"):format(r.step_cost * 1e3)
+  lines[#lines + 1] = ("predicted step time added: %.3f ms (the replays less the cache credit)"):format(r.step_cost * 1e3)
   lines[#lines + 1] = "cost model: a replay costs the measured time of its ops on this device (each distinct op call"
   lines[#lines + 1] = ("  timed alone at first use and cached; one that cannot be is priced by FLOPs + bytes x %g);"):format(r.flops_per_byte)
-  if r.learned_credit then
-    lines[#lines + 1] = ("  learned credit: %.3f ms, what this plan's first runs and backward save against keeping"):format(r.learned_credit * 1e3)
-    lines[#lines + 1] = "  everything, per op call as timed steps measured them (C.opcost_learn); it prices this plan"
-    lines[#lines + 1] = "  instead of the cache credit below, which prices calls not learned yet"
-  end
   lines[#lines + 1] = "  cache credit: the backward right after a replay reads from cache what keeping would read"
   lines[#lines + 1] = ("  from memory: %.3f ms per MiB of activations no longer kept and %.3f per MiB of weights"):format(
     r.credit.activation * MiB * 1e3, r.credit.param * MiB * 1e3)
@@ -221,7 +216,6 @@ function Module:plan(x, opts)
   local report = setmetatable({ policy = tostring(p), layers = {}, predicted_peak = sim.peak,
     recompute_flops = sim.recompute_flops, recompute_cost = sim.recompute_cost, flops_per_byte = sim.flops_per_byte,
     step_cost = step_cost, credit = { activation = credit_act, param = credit_param, cold = credit_cold },
-    learned_credit = sim.credit_unknown == 0 and sim.recompute_cost > 0 and sim.credit or nil,
     flops = sim.flops, keep_peak = keep.peak, base = sim.base,
     step_peak = step_peak, step_by_category = step_cats }, PlanReport)
   for i, l in ipairs(sim.layers) do
