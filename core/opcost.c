@@ -5,6 +5,7 @@
 #include "backend.h"
 #include "opcost.h"
 #include "ops.h"
+#include "timestat.h"
 
 #define MAX_IN 8        /* calls with more inputs are priced by the roofline */
 #define REPS 7          /* timed runs per call (after one warm-up); the least is kept */
@@ -22,10 +23,8 @@ typedef struct entry {
   double seconds;       /* < 0: noted, not measured yet; NaN: could not be measured
                          * (priced by the roofline until rm_opcost_reset) */
   double units;         /* rm_op_cost of the call (the roofline), for the fit */
-  double learned;       /* seconds of its first runs inside real steps, summed ... */
-  int64_t nlearned;     /* ... over this many runs (rm_opcost_learn) */
-  double rlearned;      /* the same for its replays ... */
-  int64_t nrlearned;    /* ... (what a plan prices, where seen: see rm_opcost_seconds) */
+  rm_timestat first;    /* its first runs inside real steps (rm_opcost_learn) */
+  rm_timestat replay;   /* its replays (what a plan prices, where seen: rm_opcost_seconds) */
   rm_device device;
   rm_op_id op;
   int nin;
@@ -146,15 +145,15 @@ double rm_opcost_seconds(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in
   /* What a plan prices is replays. A replay writes into blocks just freed, while the
    * first runs pooled here include forwards that keep every output in fresh memory: on
    * bench/checkpoint.lua's MLP the replays ran 5-12% below the same calls' first runs
-   * (the likely reason, not isolated). So a call is priced at its replays' mean where
+   * (the likely reason, not isolated). So a call is priced at its replays' time where
    * some were timed, else at its first runs'. */
-  if (e && e->nrlearned > 0) {
+  if (e && e->replay.n > 0) {
     if (measured) *measured = true;
-    return e->rlearned / (double)e->nrlearned;
+    return rm_timestat_value(&e->replay);
   }
-  if (e && e->nlearned > 0) {
+  if (e && e->first.n > 0) {
     if (measured) *measured = true;
-    return e->learned / (double)e->nlearned;
+    return rm_timestat_value(&e->first);
   }
   if (e && e->seconds >= 0) {
     if (measured) *measured = true;
@@ -345,6 +344,10 @@ bool rm_opcost_enabled(const rm_ctx *ctx) { return !ctx->opcost_off; }
 void rm_opcost_reset(rm_ctx *ctx) {
   rm_opcost *c = ctx->opcost;
   if (!c) return;
+  for (size_t i = 0; i < c->cap; i++) {
+    rm_timestat_free(ctx, &c->e[i].first);
+    rm_timestat_free(ctx, &c->e[i].replay);
+  }
   rm_host_free(ctx, c->e, c->cap * sizeof *c->e);
   c->e = NULL;
   c->n = c->cap = 0;
@@ -361,7 +364,10 @@ void rm_opcost_free(rm_ctx *ctx) {
 void rm_opcost_learn(rm_ctx *ctx, bool on) {
   rm_opcost *c = ctx->opcost;
   if (on && c)
-    for (size_t i = 0; i < c->cap; i++) c->e[i].learned = c->e[i].rlearned = 0, c->e[i].nlearned = c->e[i].nrlearned = 0;
+    for (size_t i = 0; i < c->cap; i++) {
+      rm_timestat_clear(&c->e[i].first);
+      rm_timestat_clear(&c->e[i].replay);
+    }
   ctx->opcost_learn = on;
 }
 
@@ -388,8 +394,8 @@ void rm_opcost_record(rm_ctx *ctx, rm_op_id op, int nin, rm_tensor *const *in, c
   if (ctx->opcost_learn && nin > 0 && in[0]->device == RM_CPU) {
     /* only calls a dry run priced (noted or measured) learn: the layers' forward ops */
     entry *e = find(c, call_key(op, nin, in, a));
-    if (e && ctx->replay_depth > 0) e->rlearned += seconds, e->nrlearned++;
-    else if (e) e->learned += seconds, e->nlearned++;
+    if (e && ctx->replay_depth > 0) rm_timestat_add(ctx, &e->replay, seconds);
+    else if (e) rm_timestat_add(ctx, &e->first, seconds);
   }
   if (ctx->replay_depth > 0) {
     c->timing.replay_seconds[op] += seconds;

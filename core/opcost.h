@@ -35,9 +35,9 @@ void rm_opcost_each(const rm_ctx *ctx, void (*f)(rm_op_id op, double seconds, do
 /* Turns calibration on (default) or off (every call priced by the fitted roofline). */
 void rm_opcost_enable(rm_ctx *ctx, bool on);
 bool rm_opcost_enabled(const rm_ctx *ctx);
-/* While on (and the timers run), each priced call's cost becomes the mean time of its
- * replays inside the real steps that follow, or of its first runs where it was not
- * replayed: per-op rates in place, caches and load as the steps see them. Turning it on
+/* While on (and the timers run), each priced call's cost becomes the time of its
+ * replays inside the real steps that follow (their mean less spikes: timestat.h), or of
+ * its first runs where it was not replayed: per-op rates in place, caches and load as the steps see them. Turning it on
  * forgets what was learned. */
 void rm_opcost_learn(rm_ctx *ctx, bool on);
 /* The cache credit: seconds per byte a step saves when backward reads a byte straight
