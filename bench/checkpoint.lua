@@ -43,7 +43,7 @@ local remat = require "remat"
 local nn, policy = remat.nn, remat.policy
 local C = remat._C
 
-local opts = { rounds = 12, warmup = 1, out = "bench/results" }
+local opts = { rounds = 24, warmup = 1, out = "bench/results" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^%-%-([%w-]+)=?(.*)$")
   if k == "quick" then opts.quick = true

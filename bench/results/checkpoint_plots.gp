@@ -27,8 +27,8 @@ set xlabel 'budget (MiB)'
 set ylabel 'step time / none() step time'
 set key top right
 set label "none()" at 18.438,1.0000 point pt 7 offset -1,-1 right font ',9'
-set label "every(sqrt N=8)" at 2.907,1.2517 point pt 7 offset -1,-1 right font ',9'
-set label "every(2)" at 1.969,1.2255 point pt 7 offset -1,-1 right font ',9'
+set label "every(sqrt N=8)" at 2.907,1.2249 point pt 7 offset -1,-1 right font ',9'
+set label "every(2)" at 1.969,1.1839 point pt 7 offset -1,-1 right font ',9'
 plot 'bench/results/checkpoint_budget.dat' u 1:2 w lp lw 2 pt 7 t 'budget(b): measured (median of per-round ratios)', \
      '' u 1:2:5:6 w yerrorbars lc 1 pt 0 t 'quartiles of the per-round ratios', \
      '' u 1:3 w lp lw 2 dt 2 t 'predicted: none + replay time (per-op costs)'
