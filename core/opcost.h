@@ -37,8 +37,8 @@ void rm_opcost_enable(rm_ctx *ctx, bool on);
 bool rm_opcost_enabled(const rm_ctx *ctx);
 /* While on (and the timers run), each priced call's cost becomes the time of its
  * replays inside the real steps that follow (their mean less spikes: timestat.h), or of
- * its first runs where it was not replayed: per-op rates in place, caches and load as the steps see them. Turning it on
- * forgets what was learned. */
+ * its first runs where it was not replayed: per-op rates in place, caches and load as
+ * the steps see them. Turning it on forgets what was learned. */
 void rm_opcost_learn(rm_ctx *ctx, bool on);
 /* The cache credit: seconds per byte a step saves when backward reads a byte straight
  * after a replay made it (or read it: a parameter), from cache, where keeping it from

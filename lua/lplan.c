@@ -7,6 +7,7 @@
 #include "../core/backend.h"
 #include "../core/opcost.h"
 #include "../core/policy.h"
+#include "../core/timestat.h"
 
 static rm_action check_action(lua_State *L, const char *s, int layer) {
   for (int a = 0; a < RM_ACTION_COUNT; a++)
@@ -494,6 +495,30 @@ static int l_opcost_entries(lua_State *L) {
   return 1;
 }
 
+/* C.timestat_value({seconds, ...}) -> the learned time of those samples, in order
+ * (core/timestat.h: their mean less spikes), and how many of them were kept */
+static int l_timestat_value(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  rm_ctx *ctx = rm_lua_ctx(L);
+  rm_timestat s = { 0 };
+  lua_Integer n = luaL_len(L, 1);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, 1, i);
+    int ok = 0;
+    double v = lua_tonumberx(L, -1, &ok);
+    lua_pop(L, 1);
+    if (!ok) {
+      rm_timestat_free(ctx, &s);
+      return rm_lua_errorf(L, "timestat_value: sample %d is not a number", (int)i);
+    }
+    rm_timestat_add(ctx, &s, v);
+  }
+  lua_pushnumber(L, rm_timestat_value(&s));
+  lua_pushinteger(L, s.n);
+  rm_timestat_free(ctx, &s);
+  return 2;
+}
+
 /* C.opcost_learn(on): per-op costs learned from the timed steps that follow */
 static int l_opcost_learn(lua_State *L) {
   rm_opcost_learn(rm_lua_ctx(L), lua_toboolean(L, 1));
@@ -750,6 +775,7 @@ static const luaL_Reg fns[] = {
   { "opcost_entries", l_opcost_entries },
   { "plan_simulations", l_plan_simulations },
   { "opcost_learn", l_opcost_learn },
+  { "timestat_value", l_timestat_value },
   { "checkpoint_set", l_checkpoint_set },
   { "checkpoint_name", l_checkpoint_name },
   { "checkpoint_prepare", l_checkpoint_prepare },

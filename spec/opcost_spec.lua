@@ -97,6 +97,25 @@ describe("per-op costs", function()
     assert.is_true(r.recompute_cost > 0)
   end)
 
+  -- core/timestat.c, through a test binding: what a call's samples come to
+  it("learn the samples' mean less spikes (above 3x their median), from the last 2048 at most", function()
+    assert.are.same({ 0, 0 }, { C.timestat_value {} })
+    assert.near(2, (C.timestat_value { 3, 1, 2 }), 1e-6)
+    -- a preempted sample is dropped; one at exactly 3x the median is not
+    assert.near(1, (C.timestat_value { 1, 1, 1, 50 }), 1e-6)
+    assert.near(1.5, (C.timestat_value { 1, 1, 1, 3 }), 1e-6)
+    -- an even count: the median is the mean of the middle two (2), so 6 stays, 6.5 goes
+    assert.near(11 / 4, (C.timestat_value { 1, 2, 2, 6 }), 1e-6)
+    assert.near(5 / 3, (C.timestat_value { 1, 2, 2, 6.5 }), 1e-6)
+    -- more samples than kept: 2048 stay; the newest replace kept ones slot by slot
+    local many = {}
+    for i = 1, 3000 do many[i] = i <= 2048 and 1 or 2 end
+    local v, kept = C.timestat_value(many)
+    assert.equal(2048, kept)
+    assert.near((1096 + 2 * 952) / 2048, v, 1e-6)
+    assert.error_matches(function() C.timestat_value { 1, "x" } end, "sample 2 is not a number")
+  end)
+
   -- n training steps of model under policy p with the op timers and learning on
   local function learn_steps(model, p, x, n)
     model:checkpoint(p)
