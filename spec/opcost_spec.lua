@@ -140,6 +140,7 @@ describe("per-op costs", function()
     local t = C.op_timing().gelu
     assert.equal(1, t.calls)        -- first runs
     assert.equal(1, t.replay_calls) -- one replay per backward
+    assert.are_not.equal(t.seconds, t.replay_seconds)
     assert.near(t.replay_seconds, m:plan(x).recompute_cost, 1e-6 * t.replay_seconds)
     -- three replays: their mean, less any above 3x their median (a preempted one)
     learn_steps(m, policy.selective { "gelu" }, x, 3)
